@@ -1,0 +1,5 @@
+"""Cache drafters: one Protocol (protocol.py), one registry, one file per implementation."""
+
+from .protocol import Draft, Drafter, DrafterConfig, available_drafters, create_drafter, register_drafter
+
+__all__ = ["Draft", "Drafter", "DrafterConfig", "available_drafters", "create_drafter", "register_drafter"]

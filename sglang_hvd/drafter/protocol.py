@@ -1,0 +1,156 @@
+"""The one drafter contract: config, the Draft record, the Protocol and its registry.
+
+A cache drafter follows SuffixDecoding (arXiv 2411.04975): two depth-limited suffix
+tries with counts, one per request (its prompt + its output so far) and one global (the
+responses of earlier and running requests). To draft for a request whose context is c:
+
+  for every pattern length p (1 <= p < min(len(c), max_depth)) and both trees:
+    node   = the trie node of c[-p:]  (count(node) = occurrences of that string)
+    budget = min(max_spec_tokens, floor(max_spec_factor * p + max_spec_offset), max_depth - p)
+    walk greedily to the most frequent child (ties: the most recently seen one),
+    prob *= count(child) / count(node), while prob >= min_token_prob and within budget
+    score  = sum of prob over the drafted tokens
+  keep the best score; ties go to the longer pattern, then to the request's own tree.
+
+Drafters differ in how fast they do this, never in what they return: every
+implementation must return the same Draft for the same history (tests/test_drafter.py
+runs the same conformance suite over every registered drafter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+LOCAL_TREE = "local"  # the request's own prompt + output
+GLOBAL_TREE = "global"  # responses of earlier and running requests
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DrafterConfig:
+    """Cache drafter settings (defaults: the HVD paper's setup, ArcticInference's factor)."""
+
+    max_depth: int = 64
+    """Depth limit of the suffix tries: pattern length + draft length <= max_depth."""
+    max_spec_tokens: int = 64
+    """Longest draft, in tokens."""
+    max_spec_factor: float = 1.0
+    """A pattern of p tokens may draft at most max_spec_factor * p + max_spec_offset tokens."""
+    max_spec_offset: float = 0.0
+    """See max_spec_factor."""
+    min_token_prob: float = 0.1
+    """Stop drafting when the path probability of the next token drops below this."""
+    global_max_tokens: int = 2_000_000
+    """Token budget of the global tree; the oldest finished responses are evicted first."""
+
+    def __post_init__(self):
+        if self.max_depth < 2:
+            raise ValueError(f"max_depth must be >= 2, got {self.max_depth}")
+        if self.max_spec_tokens < 1:
+            raise ValueError(f"max_spec_tokens must be >= 1, got {self.max_spec_tokens}")
+        if self.max_spec_factor < 0 or self.max_spec_offset < -self.max_depth:
+            raise ValueError("max_spec_factor must be >= 0 and max_spec_offset > -max_depth")
+        if not 0.0 <= self.min_token_prob <= 1.0:
+            raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
+        if self.global_max_tokens < 0:
+            raise ValueError(f"global_max_tokens must be >= 0, got {self.global_max_tokens}")
+
+    def budget(self, match_len: int) -> int:
+        """Most tokens a pattern of ``match_len`` tokens may draft."""
+        by_factor = int(match_len * self.max_spec_factor + self.max_spec_offset + 1e-6)
+        return max(0, min(self.max_spec_tokens, by_factor, self.max_depth - match_len))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Draft:
+    """A chain draft and what a gate can learn from how it was found.
+
+    Worked example (max_depth 64, factor 1, offset 0, min_token_prob 0.1): the request's
+    own tree holds ``7 8 9 7 8 5 7 8`` and the context ends in ``7 8``.
+    Pattern ``7 8`` (match_len 2) occurs 3 times (match_count 3; the last occurrence is
+    the context itself, which has no continuation yet). Its children 9 and 5 were each
+    seen once: the tie goes to 5, seen more recently, with prob 1/3. ``7 8 5`` occurs once
+    and continues with 7: prob stays 1/3. The budget of a 2-token pattern is 2 tokens, so
+    the draft is ``5 7`` with probs (1/3, 1/3), child_counts (1, 1), score 2/3. (Pattern
+    ``8`` alone also drafts ``5``, score 1/3: the longer pattern wins.)
+    """
+
+    tokens: tuple[int, ...] = ()
+    probs: tuple[float, ...] = ()  # path probability of each token (non-increasing)
+    child_counts: tuple[int, ...] = ()  # trie count of each drafted token's node
+    score: float = 0.0  # sum(probs)
+    match_len: int = 0  # tokens of context matched (0 for an empty draft)
+    match_count: int = 0  # occurrences of the matched pattern in its tree
+    tree: str = ""  # LOCAL_TREE or GLOBAL_TREE ("" when empty)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY_DRAFT = Draft()
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Lifecycle of a cache drafter, as the serving loop and replay drive it.
+
+    start_request(req_id, prompt)   index the prompt; open the request's running response
+    append(req_id, tokens)          tokens the request emitted (accepted + bonus)
+    speculate(req_id) -> Draft      a draft for the next tokens of the request
+    finish_request(req_id)          drop the request's own tree; its response stays cached
+    reset()                         forget everything (SGLang's flush_cache)
+    """
+
+    name: ClassVar[str]
+    config: DrafterConfig
+
+    def start_request(self, req_id: str, prompt_ids: Sequence[int] | np.ndarray) -> None: ...
+
+    def append(self, req_id: str, token_ids: Sequence[int] | np.ndarray) -> None: ...
+
+    def speculate(self, req_id: str) -> Draft: ...
+
+    def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]: ...
+
+    def finish_request(self, req_id: str) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def context(self, req_id: str) -> np.ndarray: ...
+
+    def memory_stats(self) -> dict[str, float]: ...
+
+
+_REGISTRY: dict[str, Callable[[DrafterConfig], Drafter]] = {}
+
+
+def register_drafter(name: str) -> Callable[[type], type]:
+    """Class decorator: make a drafter available under ``name`` (``hvd replay --drafter``)."""
+
+    def add(cls: type) -> type:
+        if name in _REGISTRY:
+            raise ValueError(f"drafter {name!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+def _load_builtin() -> None:
+    from . import suffix_drafter  # noqa: F401  (registers "python")
+
+
+def available_drafters() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def create_drafter(name: str, config: DrafterConfig | None = None) -> Drafter:
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown drafter {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name](config or DrafterConfig())

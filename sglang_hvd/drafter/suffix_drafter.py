@@ -1,0 +1,118 @@
+"""The reference cache drafter ("python"): two occurrence indexes, SuffixDecoding search.
+
+- Each running request has its own TokenIndex holding one document: prompt + output.
+- One global TokenIndex holds a document per response, running or finished. Finished
+  responses stay until the token budget (``global_max_tokens``) forces the oldest out;
+  running ones are never evicted.
+
+Appends may come in any chunking (one token at a time in dense replay, accepted chunks
+in serving): the indexes depend only on the token sequence, so drafts do too.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from .protocol import Draft, DrafterConfig, GLOBAL_TREE, LOCAL_TREE, register_drafter
+from .suffix_match import best_draft
+from .token_index import TokenIndex
+
+
+def _as_tokens(ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(ids, dtype=np.int32)
+    if arr.ndim != 1:
+        raise ValueError(f"token ids must be one-dimensional, got shape {arr.shape}")
+    if arr.size and arr.min() < 0:
+        raise ValueError("token ids must be non-negative")
+    return arr
+
+
+@register_drafter("python")
+class SuffixDrafter:
+    """Reference implementation of the Drafter protocol (numpy, one request at a time)."""
+
+    name = "python"
+
+    def __init__(self, config: DrafterConfig | None = None):
+        self.config = config or DrafterConfig()
+        self.reset()
+
+    def reset(self) -> None:
+        self._local: dict[str, TokenIndex] = {}
+        self._global = TokenIndex(pad=self.config.max_depth, initial_capacity=1 << 16)
+        self._finished: OrderedDict[str, None] = OrderedDict()  # cached responses, oldest first
+        self.num_evicted_responses = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start_request(self, req_id: str, prompt_ids: Sequence[int] | np.ndarray) -> None:
+        if req_id in self._local:
+            raise ValueError(f"request {req_id!r} is already running")
+        if req_id in self._finished:  # a reused id replaces its old cached response
+            del self._finished[req_id]
+            self._global.remove_doc(req_id)
+        local = TokenIndex(pad=self.config.max_depth, initial_capacity=len(prompt_ids) + 2 * self.config.max_depth + 512)
+        local.add_doc(0, _as_tokens(prompt_ids))
+        self._local[req_id] = local
+        self._global.add_doc(req_id, np.zeros(0, dtype=np.int32), spare=64)
+
+    def append(self, req_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
+        tokens = _as_tokens(token_ids)
+        self._running(req_id).extend(0, tokens)
+        self._global.extend(req_id, tokens)
+        if self._global.num_live > self.config.global_max_tokens:
+            self._evict()
+
+    def finish_request(self, req_id: str) -> None:
+        """The request ended (finished or aborted): its response stays in the global cache."""
+        self._running(req_id)
+        del self._local[req_id]
+        self._finished[req_id] = None
+        self._evict()
+
+    # -- drafting --------------------------------------------------------------------
+
+    def speculate(self, req_id: str) -> Draft:
+        local = self._running(req_id)
+        end = local.doc_end(0) + 1
+        tail = local.arena[max(local.pad, end - self.config.max_depth) : end]
+        own = best_draft(local, tail, self.config, LOCAL_TREE)
+        shared = best_draft(self._global, tail, self.config, GLOBAL_TREE)
+        return own if own.score >= shared.score else shared
+
+    def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
+        return [self.speculate(r) for r in req_ids]
+
+    # -- introspection ---------------------------------------------------------------
+
+    def context(self, req_id: str) -> np.ndarray:
+        """The request's prompt + output as the drafter holds it (a copy)."""
+        return self._running(req_id).tokens(0).copy()
+
+    def memory_stats(self) -> dict[str, float]:
+        cached = self._global.num_live
+        local_tokens = sum(ix.num_live for ix in self._local.values())
+        nbytes = self._global.nbytes() + sum(ix.nbytes() for ix in self._local.values())
+        return {
+            "global_tokens": float(cached),
+            "local_tokens": float(local_tokens),
+            "bytes": float(nbytes),
+            "bytes_per_token": nbytes / max(1, cached + local_tokens),
+            "evicted_responses": float(self.num_evicted_responses),
+            "compactions": float(self._global.num_compactions),
+        }
+
+    def _running(self, req_id: str) -> TokenIndex:
+        try:
+            return self._local[req_id]
+        except KeyError:
+            raise KeyError(f"request {req_id!r} is not running (start_request first)") from None
+
+    def _evict(self) -> None:
+        while self._global.num_live > self.config.global_max_tokens and self._finished:
+            oldest, _ = self._finished.popitem(last=False)
+            self._global.remove_doc(oldest)
+            self.num_evicted_responses += 1

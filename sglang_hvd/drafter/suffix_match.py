@@ -1,0 +1,137 @@
+"""Find the best draft of one tree (a TokenIndex) for a context: the SuffixDecoding search.
+
+Pattern lengths are handled through the sets of positions where the context's suffix of
+each length ends. Those sets are nested (a longer suffix occurs at a subset of the
+places a shorter one does), so most lengths share a set with their neighbours, and
+lengths that share a set share the draft: only its budget differs. We therefore
+
+  1. narrow the set of the last token backwards one length at a time while it is large,
+  2. once it is small, compute each occurrence's backward match length at once
+     (a [occurrences x lengths] comparison), giving every remaining distinct set,
+  3. draft from each distinct set, longest pattern first, skipping sets whose budget
+     cannot beat the best score so far (probabilities are <= 1, so score <= budget).
+
+Worked example: context ``... 4 7 8``, arena positions of 8 = {10, 31, 52(self)}.
+Length 1: {10, 31, 52}. Looking one back, arena[9]=7, arena[30]=7, arena[51]=7: length 2
+keeps all three. Two back, arena[8]=4, arena[29]=2, arena[50]=4: length 3 -> {10, 52}.
+Sets: lengths 1-2 -> {10, 31, 52}, length 3 and up -> {10, 52} (until 10 stops matching).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .protocol import EMPTY_DRAFT, Draft, DrafterConfig
+from .token_index import TokenIndex
+
+# Below this many occurrences, backward match lengths are computed as one matrix.
+_SMALL_SET = 48
+
+
+def _groups(index: TokenIndex, rev: np.ndarray, max_p: int) -> list[tuple[int, int, np.ndarray]]:
+    """Distinct occurrence sets as ``(p_lo, p_hi, end_positions)``, ascending in p.
+
+    ``rev[j]`` is the context's (j+1)-th token from the end; every position in a set for
+    pattern length p satisfies ``arena[e - j] == rev[j]`` for j < p.
+    """
+    arena = index.arena
+    ends = index.positions(int(rev[0]))
+    if len(ends) == 0:
+        return []
+    groups = []
+    p_lo, p = 1, 1
+    while p < max_p and len(ends) > _SMALL_SET:
+        longer = ends[arena[ends - p] == rev[p]]
+        if len(longer) != len(ends):
+            groups.append((p_lo, p, ends))
+            if len(longer) == 0:
+                return groups
+            p_lo, ends = p + 1, longer
+        p += 1
+    if p >= max_p:
+        groups.append((p_lo, max_p, ends))
+        return groups
+    # Backward match length of every remaining occurrence, capped at max_p.
+    offsets = np.arange(p, max_p)
+    window = arena[ends[:, None] - offsets[None, :]]  # [len(ends), max_p - p]
+    agree = window == rev[p:max_p][None, :]
+    mismatch = ~agree
+    run = np.where(mismatch.any(axis=1), mismatch.argmax(axis=1), max_p - p)
+    match_len = p + run  # [len(ends)], each in [p, max_p]
+    lo = p_lo
+    for level in np.unique(match_len).tolist():
+        groups.append((lo, level, ends[match_len >= level]))
+        lo = level + 1
+    return groups
+
+
+def _walk(index: TokenIndex, ends: np.ndarray, limit: int, min_prob: float):
+    """Greedy most-frequent-child walk from a node whose occurrences end at ``ends``."""
+    arena, stamps = index.arena, index.stamps
+    tokens: list[int] = []
+    probs: list[float] = []
+    counts: list[int] = []
+    prob = 1.0
+    cur = ends
+    while len(tokens) < limit:
+        if len(cur) == 1:
+            # One occurrence left: the rest is a literal copy with unchanged probability.
+            e = int(cur[0])
+            seg = arena[e + 1 : e + 1 + limit - len(tokens)]
+            stop = np.flatnonzero(seg < 0)
+            if len(stop):
+                seg = seg[: stop[0]]
+            n = len(seg)
+            if n and prob >= min_prob:
+                tokens += seg.tolist()
+                probs += [prob] * n
+                counts += [1] * n
+            break
+        nxt = arena[cur + 1]
+        valid = nxt >= 0
+        nv = nxt[valid]
+        if len(nv) == 0:
+            break
+        vals, inverse, num = np.unique(nv, return_inverse=True, return_counts=True)
+        best = num.max()
+        tied = num == best
+        if tied.sum() == 1:
+            tok = int(vals[tied.argmax()])
+        else:  # most recently appended among the most frequent
+            mask = tied[inverse]
+            child_stamps = stamps[cur[valid] + 1]
+            tok = int(nv[mask][child_stamps[mask].argmax()])
+        prob *= int(best) / len(cur)
+        if prob < min_prob:
+            break
+        tokens.append(tok)
+        probs.append(prob)
+        counts.append(int(best))
+        cur = cur[valid][nv == tok] + 1
+    return tokens, probs, counts
+
+
+def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfig, tree: str) -> Draft:
+    """The best-scoring draft of one tree; ties go to the longer pattern."""
+    max_p = min(len(context_tail), config.max_depth) - 1
+    if max_p < 1:
+        return EMPTY_DRAFT
+    rev = np.ascontiguousarray(context_tail[::-1][: max_p + 1])
+    best = EMPTY_DRAFT
+    for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p)):
+        # Same set => same walk; pick the length with the largest budget (ties: longer).
+        p = max(range(p_lo, p_hi + 1), key=lambda q: (config.budget(q), q))
+        limit = config.budget(p)
+        if limit <= best.score:
+            continue
+        tokens, probs, counts = _walk(index, ends, limit, config.min_token_prob)
+        score = float(sum(probs))
+        if tokens and score > best.score:
+            # Every length of the set whose budget admits the whole walk drafts the same
+            # tokens; the longest of them is the match (as a search over all lengths finds).
+            p = max(q for q in range(p_lo, p_hi + 1) if config.budget(q) >= len(tokens))
+            best = Draft(
+                tokens=tuple(tokens), probs=tuple(probs), child_counts=tuple(counts), score=score,
+                match_len=p, match_count=len(ends), tree=tree,
+            )
+    return best

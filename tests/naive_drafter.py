@@ -1,0 +1,94 @@
+"""A deliberately naive drafter: the SuffixDecoding semantics by brute-force scanning.
+
+Test-only. No index, no pruning: for every pattern length it scans every document for
+occurrences, then walks the most frequent continuation (ties: most recently appended).
+The registered drafters must return exactly what this returns.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from sglang_hvd.drafter.protocol import EMPTY_DRAFT, GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig
+
+
+class NaiveDrafter:
+    name = "naive"
+
+    def __init__(self, config: DrafterConfig):
+        self.config = config
+        self.reset()
+
+    def reset(self):
+        self.clock = 0
+        self.local = {}  # req_id -> list[(token, stamp)]
+        self.responses = OrderedDict()  # req_id -> list[(token, stamp)], in start order
+        self.finished = []  # finished req_ids, oldest first
+
+    def _stamp(self, tokens):
+        out = [(int(t), self.clock + i) for i, t in enumerate(tokens)]
+        self.clock += len(tokens)
+        return out
+
+    def start_request(self, req_id, prompt_ids):
+        if req_id in self.responses:
+            del self.responses[req_id]
+            self.finished.remove(req_id)
+        self.local[req_id] = self._stamp(prompt_ids)
+        self.responses[req_id] = []
+
+    def append(self, req_id, token_ids):
+        stamped = self._stamp(token_ids)
+        self.local[req_id] += stamped
+        self.responses[req_id] += stamped
+        self._evict()
+
+    def finish_request(self, req_id):
+        del self.local[req_id]
+        self.finished.append(req_id)
+        self._evict()
+
+    def _evict(self):
+        while sum(map(len, self.responses.values())) > self.config.global_max_tokens and self.finished:
+            del self.responses[self.finished.pop(0)]
+
+    def context(self, req_id):
+        return [t for t, _ in self.local[req_id]]
+
+    def speculate(self, req_id):
+        ctx = self.context(req_id)[-self.config.max_depth :]
+        own = self._best([self.local[req_id]], ctx, LOCAL_TREE)
+        shared = self._best(list(self.responses.values()), ctx, GLOBAL_TREE)
+        return own if own.score >= shared.score else shared
+
+    def _best(self, docs, ctx, tree):
+        best = EMPTY_DRAFT
+        for p in range(1, len(ctx)):
+            pattern = ctx[-p:]
+            occ = [(d, i) for d, doc in enumerate(docs) for i in range(p - 1, len(doc))
+                   if [t for t, _ in doc[i - p + 1 : i + 1]] == pattern]
+            if not occ:
+                break
+            tokens, probs, counts, prob, cur = [], [], [], 1.0, occ
+            while len(tokens) < self.config.budget(p):
+                children = {}
+                for d, i in cur:
+                    if i + 1 < len(docs[d]):
+                        tok, stamp = docs[d][i + 1]
+                        n, last = children.get(tok, (0, -1))
+                        children[tok] = (n + 1, max(last, stamp))
+                if not children:
+                    break
+                tok = max(children, key=lambda t: children[t])
+                prob *= children[tok][0] / len(cur)
+                if prob < self.config.min_token_prob:
+                    break
+                tokens.append(tok)
+                probs.append(prob)
+                counts.append(children[tok][0])
+                cur = [(d, i + 1) for d, i in cur if i + 1 < len(docs[d]) and docs[d][i + 1][0] == tok]
+            score = float(sum(probs))
+            if tokens and score >= best.score:
+                best = Draft(tokens=tuple(tokens), probs=tuple(probs), child_counts=tuple(counts), score=score,
+                             match_len=p, match_count=len(occ), tree=tree)
+        return best

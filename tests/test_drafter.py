@@ -1,0 +1,220 @@
+"""Cache drafter: literal cases, and every registered drafter against the naive reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from naive_drafter import NaiveDrafter
+from sglang_hvd.drafter import Draft, Drafter, DrafterConfig, available_drafters, create_drafter
+
+DRAFTERS = available_drafters()
+
+
+@pytest.fixture(params=DRAFTERS)
+def make(request):
+    return lambda **cfg: create_drafter(request.param, DrafterConfig(**cfg))
+
+
+def test_registry_and_protocol():
+    assert "python" in DRAFTERS
+    assert isinstance(create_drafter("python"), Drafter)
+    with pytest.raises(KeyError, match="unknown drafter 'rust'; available: python"):
+        create_drafter("rust")
+
+
+def test_worked_example_of_the_draft_docstring(make):
+    d = make()
+    d.start_request("a", [7, 8, 9, 7, 8, 5, 7, 8])
+    assert d.speculate("a") == Draft(tokens=(5, 7), probs=(1 / 3, 1 / 3), child_counts=(1, 1), score=2 / 3,
+                                     match_len=2, match_count=3, tree="local")
+
+
+def test_longer_match_drafts_more_and_stops_at_the_end_of_history(make):
+    d = make()
+    # The prompt repeats "1 2 3 4 5 6" once; the context ends in "1 2 3".
+    d.start_request("a", [1, 2, 3, 4, 5, 6, 9, 1, 2, 3])
+    draft = d.speculate("a")
+    # "1 2 3" occurs twice (once is the context itself): prob 1/2 for every token; the
+    # budget of a 3-token match is 3 tokens.
+    assert (draft.tokens, draft.probs, draft.match_len, draft.match_count) == ((4, 5, 6), (0.5, 0.5, 0.5), 3, 2)
+
+
+def test_global_tree_serves_a_later_request(make):
+    d = make()
+    d.start_request("a", [50, 51])
+    d.append("a", [1, 2, 3, 4, 5])
+    d.finish_request("a")
+    d.start_request("b", [9, 1, 2])
+    draft = d.speculate("b")
+    # "1 2" occurs once in the global tree (a's response) -> prob 1; budget 2.
+    assert (draft.tokens, draft.probs, draft.tree, draft.match_len) == ((3, 4), (1.0, 1.0), "global", 2)
+
+
+def test_running_responses_are_shared_before_they_finish(make):
+    d = make()
+    d.start_request("a", [50])
+    d.start_request("b", [60, 7, 8])
+    d.append("a", [7, 8, 9, 10])  # a is still running
+    draft = d.speculate("b")
+    assert (draft.tokens, draft.tree) == ((9, 10), "global")
+
+
+def test_higher_score_wins_and_equal_scores_prefer_the_requests_own_tree(make):
+    d = make()
+    d.start_request("x", [30])
+    d.append("x", [1, 2, 3, 4])
+    d.finish_request("x")
+    d.start_request("b", [1, 2, 3, 9, 1, 2])
+    # Local "1 2": 2 occurrences (one is the context) -> 3 at 1/2, then 9 at 1/2: score 1.0.
+    # Global "1 2": once, in x's response -> 3 4 at prob 1: score 2.0.
+    draft = d.speculate("b")
+    assert (draft.tree, draft.tokens, draft.score) == ("global", (3, 4), 2.0)
+    d.start_request("y", [1, 2, 3, 4, 1, 2, 3, 4, 1, 2])
+    # Local: the 6-token pattern "1 2 3 4 1 2" occurs twice -> 3 4 1 2 at prob 1/2 each
+    # (the copy stops where the history ends): score 2.0. Global: "1 2" -> 3 4: score 2.0.
+    draft = d.speculate("y")
+    assert (draft.tree, draft.tokens, draft.score, draft.match_len) == ("local", (3, 4, 1, 2), 2.0, 6)
+
+
+def test_tie_between_children_goes_to_the_most_recent(make):
+    d = make()
+    d.start_request("a", [1, 5, 1, 6, 1])
+    # "1" occurs 3 times; children 5 and 6 once each: 6 is more recent. prob 1/3.
+    assert d.speculate("a").tokens == (6,)
+    d.append("a", [5, 2, 1])
+    # Now "1" -> 5 twice, 6 once (4 occurrences): frequency beats recency, prob 2/4; no
+    # longer pattern ("2 1") occurs before, and a 1-token pattern drafts 1 token.
+    draft = d.speculate("a")
+    assert (draft.tokens, draft.probs, draft.child_counts, draft.match_count) == ((5,), (0.5,), (2,), 4)
+
+
+def test_min_token_prob_and_depth_limit(make):
+    d = make(min_token_prob=0.6)
+    d.start_request("a", [1, 2, 3, 9, 1, 2])
+    assert d.speculate("a").tokens == ()  # "1 2" -> 3 has prob 1/2 < 0.6
+    e = make(max_depth=4, max_spec_factor=10)
+    e.start_request("a", [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3])
+    draft = e.speculate("a")
+    # Depth 4: a 3-token pattern may draft 1 token, a 2-token one 2, a 1-token one 3; all
+    # at prob 1/2 (two occurrences of the pattern), so the 1-token pattern scores best.
+    assert (draft.tokens, draft.match_len, draft.score) == ((4, 5, 6), 1, 1.5)
+
+
+def test_eviction_keeps_the_global_budget(make):
+    d = make(global_max_tokens=6)
+    d.start_request("a", [0])
+    d.append("a", [1, 2, 3, 4])
+    d.finish_request("a")
+    d.start_request("b", [0])
+    d.append("b", [7, 8, 9])
+    d.finish_request("b")  # 4 + 3 > 6: a's response (the oldest) goes
+    d.start_request("c", [1, 2])
+    assert d.speculate("c").tokens == ()
+    assert d.memory_stats()["global_tokens"] == 3.0
+    d.start_request("e", [7, 8])
+    assert d.speculate("e").tokens == (9,)
+
+
+def test_lifecycle_errors_are_clear(make):
+    d = make()
+    d.start_request("a", [1])
+    with pytest.raises(ValueError, match="already running"):
+        d.start_request("a", [1])
+    with pytest.raises(KeyError, match="not running"):
+        d.speculate("zzz")
+    d.reset()
+    with pytest.raises(KeyError, match="not running"):
+        d.append("a", [1])
+
+
+# -- property tests against the naive reference ---------------------------------------
+
+tokens = st.integers(min_value=0, max_value=4)  # a tiny vocabulary makes repeats likely
+requests = st.lists(
+    st.tuples(st.lists(tokens, min_size=1, max_size=12), st.lists(st.lists(tokens, min_size=1, max_size=4), max_size=6)),
+    min_size=1, max_size=5,
+)
+configs = st.fixed_dictionaries({
+    "max_depth": st.integers(2, 9),
+    "max_spec_tokens": st.integers(1, 8),
+    "max_spec_factor": st.sampled_from([0.5, 1.0, 2.0]),
+    "max_spec_offset": st.sampled_from([0.0, 1.0, -1.0]),
+    "min_token_prob": st.sampled_from([0.0, 0.1, 0.4]),
+    "global_max_tokens": st.integers(0, 30),
+})
+
+
+def _occurs(haystack, needle):
+    n = len(needle)
+    return any(list(haystack[i : i + n]) == list(needle) for i in range(len(haystack) - n + 1))
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+@settings(max_examples=150, deadline=None)
+@given(reqs=requests, cfg=configs)
+def test_same_drafts_as_the_naive_reference(name, reqs, cfg):
+    config = DrafterConfig(**cfg)
+    real, naive = create_drafter(name, config), NaiveDrafter(config)
+    for r, (prompt, chunks) in enumerate(reqs):
+        rid = f"r{r}"
+        for d in (real, naive):
+            d.start_request(rid, prompt)
+        for chunk in chunks:
+            got, want = real.speculate(rid), naive.speculate(rid)
+            assert got == want
+            # A draft is always a path that occurs in the history, and within its budget.
+            if got.tokens:
+                ctx = naive.context(rid)
+                path = ctx[len(ctx) - got.match_len :] + list(got.tokens)
+                assert any(_occurs(h, path) for h in [naive.context(rid)] + [[t for t, _ in v] for v in naive.responses.values()])
+                assert len(got.tokens) <= config.budget(got.match_len)
+            for d in (real, naive):
+                d.append(rid, chunk)
+        assert list(real.context(rid)) == naive.context(rid)
+        if r % 2 == 0:
+            for d in (real, naive):
+                d.finish_request(rid)
+        # Eviction keeps the budget, unless running responses alone exceed it.
+        cached = real.memory_stats()["global_tokens"]
+        running = sum(len(v) for k, v in naive.responses.items() if k in naive.local)
+        assert cached <= config.global_max_tokens or cached == running
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+@settings(max_examples=60, deadline=None)
+@given(prompt=st.lists(tokens, min_size=1, max_size=20), output=st.lists(tokens, min_size=1, max_size=30), cut=st.integers(1, 5))
+def test_drafts_do_not_depend_on_how_appends_are_chunked(name, prompt, output, cut):
+    one, many = create_drafter(name), create_drafter(name)
+    one.start_request("a", prompt)
+    many.start_request("a", prompt)
+    for i, tok in enumerate(output):
+        one.append("a", [tok])
+        if (i + 1) % cut == 0 or i + 1 == len(output):
+            start = (i // cut) * cut
+            many.append("a", output[start : i + 1])
+            assert one.speculate("a") == many.speculate("a")
+
+
+def test_long_prompts_and_many_responses_match_the_reference():
+    """Large occurrence sets take the narrowing path; relocation and compaction kick in."""
+    rng = np.random.default_rng(0)
+    config = DrafterConfig(max_depth=12, max_spec_tokens=8, global_max_tokens=500)
+    real, naive = create_drafter("python", config), NaiveDrafter(config)
+    motif = rng.integers(0, 6, size=40).tolist()
+    for r in range(30):
+        prompt = (motif * 3 + rng.integers(0, 6, size=200).tolist())[: 150 + 10 * r]
+        for d in (real, naive):
+            d.start_request(f"q{r}", prompt)
+        for step in range(40):
+            assert real.speculate(f"q{r}") == naive.speculate(f"q{r}")
+            chunk = (motif[step % 40 : step % 40 + 3] if step % 3 else rng.integers(0, 6, size=2).tolist())
+            for d in (real, naive):
+                d.append(f"q{r}", chunk)
+        for d in (real, naive):
+            d.finish_request(f"q{r}")
+    stats = real.memory_stats()
+    assert stats["evicted_responses"] > 0 and stats["compactions"] > 0
+    assert stats["global_tokens"] <= 500
