@@ -19,6 +19,8 @@ Sets: lengths 1-2 -> {10, 31, 52}, length 3 and up -> {10, 52} (until 10 stops m
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .protocol import EMPTY_DRAFT, Draft, DrafterConfig
@@ -66,49 +68,92 @@ def _groups(index: TokenIndex, rev: np.ndarray, max_p: int) -> list[tuple[int, i
 
 
 def _walk(index: TokenIndex, ends: np.ndarray, limit: int, min_prob: float):
-    """Greedy most-frequent-child walk from a node whose occurrences end at ``ends``."""
-    arena, stamps = index.arena, index.stamps
+    """Greedy most-frequent-child walk from a node whose occurrences end at ``ends``.
+
+    Returns ``(tokens, probs, child_counts)``. The parent count at each step is the
+    number of occurrences still on the path, including those whose next slot is a
+    SENTINEL (the string occurs there but nothing follows yet).
+    """
+    arena = index.arena
+    prob = 1.0
+    cur = ends
     tokens: list[int] = []
     probs: list[float] = []
     counts: list[int] = []
-    prob = 1.0
-    cur = ends
-    while len(tokens) < limit:
-        if len(cur) == 1:
-            # One occurrence left: the rest is a literal copy with unchanged probability.
-            e = int(cur[0])
-            seg = arena[e + 1 : e + 1 + limit - len(tokens)]
-            stop = np.flatnonzero(seg < 0)
-            if len(stop):
-                seg = seg[: stop[0]]
-            n = len(seg)
-            if n and prob >= min_prob:
-                tokens += seg.tolist()
-                probs += [prob] * n
-                counts += [1] * n
-            break
+    # Large sets: narrow with numpy until the set is small enough for plain lists.
+    while len(cur) > _SMALL_SET and len(tokens) < limit:
         nxt = arena[cur + 1]
         valid = nxt >= 0
         nv = nxt[valid]
         if len(nv) == 0:
-            break
+            return tokens, probs, counts
         vals, inverse, num = np.unique(nv, return_inverse=True, return_counts=True)
-        best = num.max()
+        best = int(num.max())
         tied = num == best
         if tied.sum() == 1:
             tok = int(vals[tied.argmax()])
         else:  # most recently appended among the most frequent
             mask = tied[inverse]
-            child_stamps = stamps[cur[valid] + 1]
-            tok = int(nv[mask][child_stamps[mask].argmax()])
-        prob *= int(best) / len(cur)
+            tok = int(nv[mask][index.stamps[cur[valid] + 1][mask].argmax()])
+        prob *= best / len(cur)
+        if prob < min_prob:
+            return tokens, probs, counts
+        tokens.append(tok)
+        probs.append(prob)
+        counts.append(best)
+        cur = cur[valid][nv == tok] + 1
+    todo = limit - len(tokens)
+    if todo <= 0:
+        return tokens, probs, counts
+    # Small sets: the next `todo` tokens after every occurrence, walked in Python.
+    rows = arena[cur[:, None] + 1 + np.arange(todo)[None, :]].tolist()  # [len(cur), todo]
+    alive = list(range(len(rows)))
+    for step in range(todo):
+        if len(alive) == 1:
+            # One occurrence left: the rest is a literal copy with unchanged probability.
+            if prob >= min_prob:
+                for tok in rows[alive[0]][step:]:
+                    if tok < 0:
+                        break
+                    tokens.append(tok)
+                    probs.append(prob)
+                    counts.append(1)
+            break
+        num_by_tok: dict[int, int] = {}
+        for i in alive:
+            tok = rows[i][step]
+            if tok >= 0:
+                num_by_tok[tok] = num_by_tok.get(tok, 0) + 1
+        if not num_by_tok:
+            break
+        best = max(num_by_tok.values())
+        tied = [t for t, n in num_by_tok.items() if n == best]
+        if len(tied) == 1:
+            tok = tied[0]
+        else:  # most recently appended among the most frequent
+            stamps = index.stamps
+            tok = max(((int(stamps[int(cur[i]) + 1 + step]), rows[i][step]) for i in alive if rows[i][step] in tied))[1]
+        prob *= best / len(alive)
         if prob < min_prob:
             break
         tokens.append(tok)
         probs.append(prob)
-        counts.append(int(best))
-        cur = cur[valid][nv == tok] + 1
+        counts.append(best)
+        alive = [i for i in alive if rows[i][step] == tok]
     return tokens, probs, counts
+
+
+@functools.lru_cache(maxsize=16)
+def _budget_table(config: DrafterConfig) -> tuple[int, ...]:
+    """``budget(p)`` for p = 0 .. max_depth."""
+    return tuple(config.budget(p) for p in range(config.max_depth + 1))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _best_length(config: DrafterConfig, p_lo: int, p_hi: int) -> int:
+    """The pattern length in [p_lo, p_hi] with the largest budget (ties: the longer)."""
+    budgets = _budget_table(config)
+    return max(range(p_lo, p_hi + 1), key=lambda q: (budgets[q], q))
 
 
 def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfig, tree: str) -> Draft:
@@ -118,10 +163,11 @@ def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfi
         return EMPTY_DRAFT
     rev = np.ascontiguousarray(context_tail[::-1][: max_p + 1])
     best = EMPTY_DRAFT
+    budgets = _budget_table(config)
     for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p)):
         # Same set => same walk; pick the length with the largest budget (ties: longer).
-        p = max(range(p_lo, p_hi + 1), key=lambda q: (config.budget(q), q))
-        limit = config.budget(p)
+        p = _best_length(config, p_lo, p_hi)
+        limit = budgets[p]
         if limit <= best.score:
             continue
         tokens, probs, counts = _walk(index, ends, limit, config.min_token_prob)
@@ -129,7 +175,7 @@ def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfi
         if tokens and score > best.score:
             # Every length of the set whose budget admits the whole walk drafts the same
             # tokens; the longest of them is the match (as a search over all lengths finds).
-            p = max(q for q in range(p_lo, p_hi + 1) if config.budget(q) >= len(tokens))
+            p = max(q for q in range(p_lo, p_hi + 1) if budgets[q] >= len(tokens))
             best = Draft(
                 tokens=tuple(tokens), probs=tuple(probs), child_counts=tuple(counts), score=score,
                 match_len=p, match_count=len(ends), tree=tree,
