@@ -262,3 +262,18 @@ def check_path_writable(path: str) -> None:
         raise HvdInputError(f"{path}: cannot write there (no write permission on {probe})")
     if os.path.isdir(path):
         raise HvdInputError(f"{path}: is a directory, expected a file path")
+
+
+def single_tokenizer(records: Iterable[TraceRecord]) -> Iterator[TraceRecord]:
+    """Pass records through, refusing a stream that mixes tokenizers (ids would not compare)."""
+    first: TraceRecord | None = None
+    for record in records:
+        if first is None:
+            first = record
+        elif record.tokenizer != first.tokenizer:
+            a, b = first.tokenizer, record.tokenizer
+            raise HvdInputError(
+                f"request {record.req_id!r} was tokenized with {b.name}@{b.digest}, but {first.req_id!r} with "
+                f"{a.name}@{a.digest}: token ids of different tokenizers cannot share a cache; replay them separately"
+            )
+        yield record

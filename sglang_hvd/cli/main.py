@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("sglang_hvd.cli.synth", "write the embedded synthetic agentic workload (conversations + tokenizer)"),
     "import": ("sglang_hvd.cli.import_traces", "turn chat conversations (OpenAI JSONL) into token traces"),
     "stats": ("sglang_hvd.cli.stats", "sizes and repetition profile of token traces, per source"),
+    "replay": ("sglang_hvd.cli.replay", "replay traces through the cache drafter; compare verify policies"),
 }
 
 USAGE = """usage: hvd [-h] [--version] COMMAND [ARGS...]

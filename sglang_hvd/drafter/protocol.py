@@ -33,18 +33,18 @@ GLOBAL_TREE = "global"  # responses of earlier and running requests
 class DrafterConfig:
     """Cache drafter settings (defaults: the HVD paper's setup, ArcticInference's factor)."""
 
-    max_depth: int = 64
-    """Depth limit of the suffix tries: pattern length + draft length <= max_depth."""
-    max_spec_tokens: int = 64
-    """Longest draft, in tokens."""
-    max_spec_factor: float = 1.0
-    """A pattern of p tokens may draft at most max_spec_factor * p + max_spec_offset tokens."""
-    max_spec_offset: float = 0.0
-    """See max_spec_factor."""
-    min_token_prob: float = 0.1
-    """Stop drafting when the path probability of the next token drops below this."""
-    global_max_tokens: int = 2_000_000
-    """Token budget of the global tree; the oldest finished responses are evicted first."""
+    max_depth: int = dataclasses.field(default=64, metadata={
+        "help": "depth limit of the suffix trees: pattern length + draft length <= max_depth"})
+    max_spec_tokens: int = dataclasses.field(default=64, metadata={
+        "help": "longest cache draft, in tokens"})
+    max_spec_factor: float = dataclasses.field(default=1.0, metadata={
+        "help": "a p-token match may draft at most max_spec_factor * p + max_spec_offset tokens"})
+    max_spec_offset: float = dataclasses.field(default=0.0, metadata={
+        "help": "see max_spec_factor"})
+    min_token_prob: float = dataclasses.field(default=0.1, metadata={
+        "help": "stop drafting when the path probability of the next token drops below this"})
+    global_max_tokens: int = dataclasses.field(default=2_000_000, metadata={
+        "help": "token budget of the global tree of responses; the oldest finished ones are evicted first"})
 
     def __post_init__(self):
         if self.max_depth < 2:

@@ -1,0 +1,144 @@
+"""``hvd replay TRACES...``: replay traces through the cache drafter and compare policies."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+
+from ..jsonl import atomic_output, dump_line, write_json
+from ..replay.metrics import COLUMNS, table_row
+from ..replay.policies import BASELINES, POLICY_FACTORIES, PolicyOptions, make_policies
+from ..replay.simulate import DraftQuality, dense_quality, simulate
+from ..report import format_table, progress
+from ..trace import ReadReport, iter_traces, single_tokenizer
+from ..errors import HvdInputError
+from .common import add_json_flag, add_skip_invalid_flag, cli_entry, positive_int
+from .options import add_drafter_flags, add_eagle3_flags, drafter_from_flags, eagle3_from_flags
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hvd replay",
+        description=(
+            "Replay token traces through the cache drafter as a serving loop would and compare verify "
+            "policies on the same traces: greedy (no speculation), eagle3_only, cache_only "
+            "(SuffixDecoding: every non-empty cache draft), rule@C (cache draft when its score >= C, "
+            "else EAGLE3). Under greedy verification a draft's accepted length is its longest common "
+            "prefix with the recorded output; EAGLE3 steps follow an acceptance model. Requests run in "
+            "file order; the global cache persists across them. --mode dense instead drafts at every "
+            "output position and reports draft quality."
+        ),
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
+    p.add_argument("--mode", choices=("serving", "dense"), default="serving",
+                   help="serving: policy table; dense: draft quality at every position (default: %(default)s)")
+    p.add_argument("--policies", default=",".join(BASELINES),
+                   help=f"comma-separated policies from {', '.join(POLICY_FACTORIES)} (default: %(default)s)")
+    p.add_argument("--rule-threshold", default="1,3,6", metavar="C[,C...]",
+                   help="score threshold(s) of the rule policy, one rule@C row each (default: %(default)s)")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="replay only the first N requests")
+    p.add_argument("--steps", metavar="PATH", help="also write one JSON line per replayed step to PATH")
+    add_drafter_flags(p)
+    add_eagle3_flags(p)
+    add_skip_invalid_flag(p)
+    add_json_flag(p)
+    return p
+
+
+def _parse_thresholds(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise HvdInputError(f"--rule-threshold: expected numbers like 1,3,6, got {text!r}") from None
+    if not values:
+        raise HvdInputError("--rule-threshold: give at least one number")
+    return values
+
+
+def _step_json(step) -> dict:
+    d = dataclasses.asdict(step) if not hasattr(step, "record") else {
+        "req_id": step.record.req_id, "source": step.record.source, "pos": step.pos, "accept_len": step.accept_len}
+    draft = step.draft
+    d.pop("draft", None)
+    d.update(draft=list(draft.tokens), score=draft.score, match_len=draft.match_len, tree=draft.tree)
+    return d
+
+
+@cli_entry("replay", build_parser)
+def main(args: argparse.Namespace) -> int:
+    drafter = drafter_from_flags(args)
+    acceptance = eagle3_from_flags(args)
+    options = PolicyOptions(rule_thresholds=_parse_thresholds(args.rule_threshold),
+                            eagle3_tokens_per_cycle=acceptance.expected_tokens_per_cycle)
+    try:
+        policies = make_policies([n.strip() for n in args.policies.split(",") if n.strip()], options)
+    except ValueError as e:
+        raise HvdInputError(f"--policies: {e}") from None
+    report = ReadReport()
+    records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
+    if args.limit:
+        records = itertools.islice(records, args.limit)
+
+    with (atomic_output(args.steps) if args.steps else _nothing()) as steps_file:
+        write_step = (lambda s: steps_file.write(dump_line(_step_json(s)))) if steps_file else None
+        bar = progress(desc="replay", unit="req")
+        with bar:
+            if args.mode == "dense":
+                quality, seconds = dense_quality(_ticking(records, bar), drafter, on_step=write_step)
+                _print_dense(quality, seconds)
+                result_json = {"mode": "dense", "sources": {s: q.to_json() for s, q in quality.items()}}
+            else:
+                result = simulate(records, drafter, policies, acceptance, on_step=write_step, on_request=lambda r: bar.update(1))
+                _print_serving(result)
+                result_json = {"mode": "serving", **result.to_json(), "seconds": result.seconds}
+    mem = drafter.memory_stats()
+    print(f"drafter {args.drafter}: {mem['global_tokens']:,.0f} cached response tokens, "
+          f"{mem['bytes_per_token']:.0f} bytes per cached token, {mem['evicted_responses']:,.0f} responses evicted")
+    if report.num_skipped:
+        print(report.summary())
+    if args.json:
+        result_json.update(drafter={"name": args.drafter, **dataclasses.asdict(drafter.config)},
+                           eagle3=dataclasses.asdict(acceptance), memory=mem, skipped_lines=report.num_skipped)
+        write_json(args.json, result_json)
+    return 0
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _ticking(records, bar):
+    for r in records:
+        bar.update(1)
+        yield r
+
+
+def _print_serving(result) -> None:
+    header = ("policy",) + COLUMNS
+    for name, tally in sorted(result.sources.items()):
+        rows = [table_row(p, t) for p, t in tally.policies.items()]
+        print(format_table(header, rows, title=f"\n{name}: {tally.requests:,} requests, {tally.tokens:,} output tokens"))
+    if len(result.sources) > 1:
+        total = result.overall
+        rows = [table_row(p, t) for p, t in total.policies.items()]
+        print(format_table(header, rows, title=f"\noverall: {total.requests:,} requests, {total.tokens:,} output tokens"))
+    tokens = result.overall.tokens
+    print(f"\nreplayed {tokens:,} output tokens in {result.seconds:.1f} s ({tokens / max(result.seconds, 1e-9):,.0f} tokens/s, "
+          f"{result.num_drafts:,} non-empty drafts)")
+
+
+def _print_dense(quality: dict[str, DraftQuality], seconds: float) -> None:
+    header = ("source", "positions", "draft rate", "mean draft len", "mean accept", "accept>=1", "accept>=6", "own tree")
+    rows = []
+    for name, q in sorted(quality.items()):
+        j = q.to_json()
+        rows.append((name, q.positions, f"{100 * j['draft_rate']:.1f}%", j["mean_draft_len"], j["mean_accept_len"],
+                     f"{100 * j['accept_ge1_share']:.1f}%", f"{100 * j['accept_ge6_share']:.1f}%", f"{100 * j['local_tree_share']:.1f}%"))
+    print(format_table(header, rows, title="draft quality at every output position (accept lengths over non-empty drafts)"))
+    positions = sum(q.positions for q in quality.values())
+    print(f"\nreplayed {positions:,} positions in {seconds:.1f} s ({positions / max(seconds, 1e-9):,.0f} drafts/s)")

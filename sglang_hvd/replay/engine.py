@@ -1,0 +1,131 @@
+"""The replay engine: the serving drafter driven over recorded traces, step by step.
+
+Two modes, both running the registered drafter exactly as the server does (start the
+request with its prompt, speculate, append what the step emitted, finish):
+
+dense    draft at every output position p (context = prompt + output[:p]) and label the
+         draft with its oracle accept_len = LCP(draft, output[p:]). The paper's training
+         data: one record per position, whatever a policy would have visited.
+serving  walk each policy as the decode loop would: at position p the policy chooses a
+         draft source; a cache verify emits accept_len + 1 tokens, an EAGLE3 verify what
+         the acceptance model yields, greedy one; the next step starts there.
+
+A draft depends only on the tokens appended so far (not on how they were chunked), so
+in serving mode all policies walk one request together, in order of position, sharing a
+single drafter and drafting only where some policy that needs a draft stands. Requests
+run in trace order and the global tree persists across them. After each request the
+drafter's context must equal prompt + output: replay reconstructs the trace exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
+from ..trace import TraceRecord
+from .acceptance import Eagle3Acceptance
+from .policies import CACHE, EAGLE3, GREEDY, Policy, StepView
+
+
+def accept_len(draft_tokens: Sequence[int], continuation: np.ndarray) -> int:
+    """Longest common prefix of a draft and the true continuation (greedy verify)."""
+    n = min(len(draft_tokens), len(continuation))
+    if n == 0:
+        return 0
+    same = np.asarray(draft_tokens[:n], dtype=np.int64) == continuation[:n]
+    return n if same.all() else int(same.argmin())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DenseStep:
+    record: TraceRecord
+    pos: int
+    draft: Draft
+    accept_len: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServingStep:
+    req_id: str
+    source: str
+    policy: str
+    pos: int
+    choice: str  # CACHE, EAGLE3 or GREEDY
+    draft: Draft
+    accept_len: int  # of the cache draft at pos (whatever the choice)
+    out_len: int  # tokens this verify emitted
+
+
+class ReconstructionError(AssertionError):
+    """The drafter's view of a request differs from the trace: a drafter bookkeeping bug."""
+
+
+def _finish(drafter: Drafter, record: TraceRecord, fed: int) -> None:
+    if fed < len(record.output_ids):
+        drafter.append(record.req_id, record.output_ids[fed:])
+    held = drafter.context(record.req_id)
+    expected = np.concatenate([record.prompt_ids, record.output_ids])
+    if not np.array_equal(held, expected):
+        raise ReconstructionError(f"{record.req_id}: the drafter holds {len(held)} tokens that differ from the trace")
+    drafter.finish_request(record.req_id)
+
+
+def iter_dense(records: Iterable[TraceRecord], drafter: Drafter) -> Iterator[DenseStep]:
+    """One labelled draft per output position of every request, in trace order."""
+    for record in records:
+        out = record.output_ids
+        drafter.start_request(record.req_id, record.prompt_ids)
+        for pos in range(len(out)):
+            if pos:
+                drafter.append(record.req_id, out[pos - 1 : pos])
+            draft = drafter.speculate(record.req_id)
+            yield DenseStep(record, pos, draft, accept_len(draft.tokens, out[pos:]))
+        _finish(drafter, record, max(len(out) - 1, 0))
+
+
+def iter_serving(
+    records: Iterable[TraceRecord],
+    drafter: Drafter,
+    policies: Sequence[Policy],
+    acceptance: Eagle3Acceptance,
+) -> Iterator[ServingStep]:
+    """Every verify step of every policy, request by request, positions ascending."""
+    for record in records:
+        out = record.output_ids
+        n = len(out)
+        drafter.start_request(record.req_id, record.prompt_ids)
+        streams = [acceptance.stream(record.req_id) for _ in policies]
+        heap = [(0, i) for i in range(len(policies))]
+        fed = 0
+        draft_pos, draft, label = -1, EMPTY_DRAFT, 0
+        while heap:
+            pos, i = heapq.heappop(heap)
+            policy = policies[i]
+            if policy.needs_draft and draft_pos != pos:
+                drafter.append(record.req_id, out[fed:pos])
+                fed = pos
+                draft = drafter.speculate(record.req_id)
+                draft_pos, label = pos, accept_len(draft.tokens, out[pos:])
+            view = StepView(
+                req_id=record.req_id, source=record.source, pos=pos, num_prompt_tokens=len(record.prompt_ids),
+                draft=draft if policy.needs_draft else EMPTY_DRAFT,
+                oracle_accept_len=label if policy.needs_draft else 0,
+            )
+            choice = policy.decide(view)
+            if choice == CACHE:
+                out_len = label + 1
+            elif choice == EAGLE3:
+                out_len = next(streams[i])
+            elif choice == GREEDY:
+                out_len = 1
+            else:
+                raise ValueError(f"policy {policy.name!r} returned {choice!r}; expected cache, eagle3 or greedy")
+            out_len = min(out_len, n - pos)
+            yield ServingStep(record.req_id, record.source, policy.name, pos, choice, view.draft, view.oracle_accept_len, out_len)
+            if pos + out_len < n:
+                heapq.heappush(heap, (pos + out_len, i))
+        _finish(drafter, record, fed)

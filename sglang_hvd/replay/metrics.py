@@ -1,0 +1,90 @@
+"""Per-policy decode metrics, accumulated per source and overall.
+
+cycles_per_1k       verify cycles per 1,000 output tokens (lower is better; greedy = 1000)
+tokens_per_verify   output tokens per verify cycle (= 1000 / cycles_per_1k)
+cache_pick_rate     share of cycles that verified the cache draft
+mean_cache_accept   mean accept_len over cache verifies (bonus token excluded)
+cache_high_share    share of cache verifies with accept_len >= 6 (high payoff)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+HIGH_PAYOFF_ACCEPT_LEN = 6
+
+
+@dataclasses.dataclass(slots=True)
+class PolicyTally:
+    cycles: int = 0
+    tokens: int = 0
+    cache_steps: int = 0
+    cache_accepted: int = 0
+    cache_high: int = 0
+    eagle3_steps: int = 0
+
+    def add_step(self, choice: str, out_len: int, accept_len: int) -> None:
+        self.cycles += 1
+        self.tokens += out_len
+        if choice == "cache":
+            self.cache_steps += 1
+            self.cache_accepted += accept_len
+            self.cache_high += accept_len >= HIGH_PAYOFF_ACCEPT_LEN
+        elif choice == "eagle3":
+            self.eagle3_steps += 1
+
+    def merge(self, other: PolicyTally) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def to_json(self) -> dict[str, float]:
+        c = max(self.cycles, 1)
+        cs = max(self.cache_steps, 1)
+        return {
+            "cycles_per_1k": 1000.0 * self.cycles / max(self.tokens, 1),
+            "tokens_per_verify": self.tokens / c,
+            "cache_pick_rate": self.cache_steps / c,
+            "mean_cache_accept": self.cache_accepted / cs if self.cache_steps else 0.0,
+            "cache_high_share": self.cache_high / cs if self.cache_steps else 0.0,
+            "cycles": self.cycles,
+            "tokens": self.tokens,
+            "cache_steps": self.cache_steps,
+            "eagle3_steps": self.eagle3_steps,
+        }
+
+
+COLUMNS = ("cycles/1k", "tokens/verify", "cache pick", "mean cache accept", "cache accept>=6")
+
+
+def table_row(name: str, tally: PolicyTally) -> tuple:
+    j = tally.to_json()
+    return (name, j["cycles_per_1k"], j["tokens_per_verify"], f"{100 * j['cache_pick_rate']:.1f}%",
+            j["mean_cache_accept"], f"{100 * j['cache_high_share']:.1f}%")
+
+
+@dataclasses.dataclass(slots=True)
+class SourceTally:
+    requests: int = 0
+    tokens: int = 0
+    policies: dict[str, PolicyTally] = dataclasses.field(default_factory=dict)
+
+    def policy(self, name: str) -> PolicyTally:
+        t = self.policies.get(name)
+        if t is None:
+            t = self.policies[name] = PolicyTally()
+        return t
+
+    def to_json(self) -> dict:
+        return {"requests": self.requests, "tokens": self.tokens,
+                "policies": {n: t.to_json() for n, t in self.policies.items()}}
+
+
+def overall(sources: Iterable[SourceTally]) -> SourceTally:
+    total = SourceTally()
+    for s in sources:
+        total.requests += s.requests
+        total.tokens += s.tokens
+        for name, t in s.policies.items():
+            total.policy(name).merge(t)
+    return total
