@@ -1,0 +1,110 @@
+"""Cache drafter benchmark: latency, memory, draft quality and replay throughput.
+
+Prints, for each depth (default 24 and 64), on the given token traces:
+  speculate latency (median, p99, us), append latency per token (median, p99, us),
+  prompt indexing time (start_request) for the longest prompts, bytes per cached token,
+  dense draft quality (mean accept_len of non-empty drafts), cache_only cycles per 1k,
+  and serving-mode replay throughput (output tokens/s, all baseline policies).
+With --arctic, the same walk runs through arctic-inference's SuffixDecodingCache (via
+launch/bench/arctic_adapter.py) in the same process, side by side.
+
+    hvd import ../shared/data/conversations/*.jsonl --tokenizer QWEN_DIR -o dev.jsonl.gz
+    python launch/bench/bench_drafter.py dev.jsonl.gz [--arctic] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+
+import numpy as np
+
+from sglang_hvd.drafter import DrafterConfig, create_drafter
+from sglang_hvd.replay.acceptance import Eagle3Acceptance
+from sglang_hvd.replay.engine import accept_len
+from sglang_hvd.replay.policies import BASELINES, PolicyOptions, make_policies
+from sglang_hvd.replay.simulate import simulate
+from sglang_hvd.report import format_table
+from sglang_hvd.trace import iter_traces
+
+
+def dense_walk(records, drafter):
+    """Draft at every position; time every call. Returns a dict of measurements."""
+    spec_ns, append_ns, start = [], [], []
+    accepted, drafts = 0, 0
+    for r in records:
+        t = time.perf_counter_ns()
+        drafter.start_request(r.req_id, r.prompt_ids)
+        start.append((len(r.prompt_ids), time.perf_counter_ns() - t))
+        out = r.output_ids
+        for pos in range(len(out)):
+            t = time.perf_counter_ns()
+            d = drafter.speculate(r.req_id)
+            spec_ns.append(time.perf_counter_ns() - t)
+            if d.tokens:
+                drafts += 1
+                accepted += accept_len(d.tokens, out[pos:])
+            t = time.perf_counter_ns()
+            drafter.append(r.req_id, out[pos : pos + 1])
+            append_ns.append(time.perf_counter_ns() - t)
+        drafter.finish_request(r.req_id)
+    spec, app = np.array(spec_ns) / 1e3, np.array(append_ns) / 1e3
+    start.sort()
+    longest = start[-max(1, len(start) // 20) :]  # the 5% longest prompts
+    return {
+        "speculate_med_us": float(np.median(spec)), "speculate_p99_us": float(np.percentile(spec, 99)),
+        "append_med_us": float(np.median(app)), "append_p99_us": float(np.percentile(app, 99)),
+        "index_us_per_1k_prompt_tokens": float(np.mean([ns / 1e3 / max(n, 1) * 1000 for n, ns in longest])),
+        "longest_prompt_tokens": longest[-1][0], "longest_prompt_index_ms": longest[-1][1] / 1e6,
+        "mean_accept_len": accepted / max(drafts, 1), "positions": len(spec_ns),
+        "memory": drafter.memory_stats(),
+    }
+
+
+def serving(records, drafter):
+    policies = make_policies(list(BASELINES), PolicyOptions(rule_thresholds=(1.0, 3.0)))
+    result = simulate(records, drafter, policies, Eagle3Acceptance())
+    total = result.overall
+    return {"tokens_per_s": total.tokens / result.seconds,
+            "cache_only_cycles_per_1k": total.policies["cache_only"].to_json()["cycles_per_1k"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("traces", nargs="+")
+    p.add_argument("--depths", default="24,64", help="comma-separated tree depths (default: %(default)s)")
+    p.add_argument("--limit", type=int, help="first N requests only")
+    p.add_argument("--drafters", default="python", help="registered drafters to measure (default: %(default)s)")
+    p.add_argument("--arctic", action="store_true", help="also measure arctic-inference's SuffixDecodingCache")
+    args = p.parse_args(argv)
+    records = list(itertools.islice(iter_traces(args.traces), args.limit))
+    print(f"{len(records):,} requests, {sum(len(r.prompt_ids) for r in records):,} prompt tokens, "
+          f"{sum(len(r.output_ids) for r in records):,} output tokens")
+    makers = {name: (lambda cfg, n=name: create_drafter(n, cfg)) for name in args.drafters.split(",")}
+    if args.arctic:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from arctic_adapter import ArcticDrafter
+
+        makers["arctic-inference"] = ArcticDrafter
+    rows = []
+    for depth in [int(d) for d in args.depths.split(",")]:
+        cfg = DrafterConfig(max_depth=depth)
+        for name, make in makers.items():
+            d = dense_walk(records, make(cfg))
+            s = serving(records, make(cfg))
+            mem = d["memory"]
+            rows.append((f"{name} depth {depth}", d["speculate_med_us"], d["speculate_p99_us"], d["append_med_us"], d["append_p99_us"],
+                         d["longest_prompt_index_ms"], mem.get("bytes_per_token", float("nan")), d["mean_accept_len"],
+                         s["cache_only_cycles_per_1k"], s["tokens_per_s"]))
+            print(f"done: {name} depth {depth}", file=sys.stderr)
+    header = ("drafter", "spec med us", "spec p99 us", "append med us", "append p99 us", "index longest prompt ms",
+              "bytes/cached tok", "mean accept", "cache_only cyc/1k", "replay tok/s")
+    print(format_table(header, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
