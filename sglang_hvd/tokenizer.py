@@ -149,6 +149,15 @@ class ChatTokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    def token_flags(self):
+        """Structure flags of every token id (see token_flags.py)."""
+        from .token_flags import build_token_flags
+
+        n = self.vocab_size
+        texts = self._tok.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
+        special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        return build_token_flags(texts, special)
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("sglang_hvd.cli.import_traces", "turn chat conversations (OpenAI JSONL) into token traces"),
     "stats": ("sglang_hvd.cli.stats", "sizes and repetition profile of token traces, per source"),
     "replay": ("sglang_hvd.cli.replay", "replay traces through the cache drafter; compare verify policies"),
+    "train": ("sglang_hvd.cli.train", "train the payoff gate by trace replay; export it to ONNX (needs the train extra)"),
+    "eval": ("sglang_hvd.cli.eval", "evaluate a gate against greedy, EAGLE3, cache-only, the rule and the oracle"),
 }
 
 USAGE = """usage: hvd [-h] [--version] COMMAND [ARGS...]

@@ -64,12 +64,12 @@ def add_eagle3_flags(parser: argparse.ArgumentParser) -> None:
                        help="mean tokens per EAGLE3 verify, accepted + bonus (default: %(default)s, the HVD paper's figure)")
     group.add_argument("--eagle3-dist", metavar="TOKENS:PROB,...",
                        help="empirical tokens-per-verify distribution, e.g. 1:0.45,2:0.3,3:0.25 (overrides --eagle3-mean)")
-    group.add_argument("--seed", type=int, default=0, help="seed of --eagle3-dist draws (default: %(default)s)")
+    group.add_argument("--eagle3-seed", type=int, default=0, help="seed of --eagle3-dist draws (default: %(default)s)")
 
 
 def eagle3_from_flags(args: argparse.Namespace) -> Eagle3Acceptance:
     try:
         dist = Eagle3Acceptance.parse_distribution(args.eagle3_dist) if args.eagle3_dist else ()
-        return Eagle3Acceptance(mean_tokens_per_cycle=args.eagle3_mean, distribution=dist, seed=args.seed)
+        return Eagle3Acceptance(mean_tokens_per_cycle=args.eagle3_mean, distribution=dist, seed=args.eagle3_seed)
     except ValueError as e:
         raise HvdInputError(f"--eagle3-dist/--eagle3-mean: {e}") from None

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
+from ..features import TAIL_TOKENS, RequestHistory
 from ..trace import TraceRecord
 from .acceptance import Eagle3Acceptance
 from .policies import CACHE, EAGLE3, GREEDY, Policy, StepView
@@ -99,6 +100,9 @@ def iter_serving(
         n = len(out)
         drafter.start_request(record.req_id, record.prompt_ids)
         streams = [acceptance.stream(record.req_id) for _ in policies]
+        histories = [RequestHistory() for _ in policies]
+        context = np.concatenate([record.prompt_ids[-TAIL_TOKENS:], out])
+        shift = min(len(record.prompt_ids), TAIL_TOKENS)
         heap = [(0, i) for i in range(len(policies))]
         fed = 0
         draft_pos, draft, label = -1, EMPTY_DRAFT, 0
@@ -110,9 +114,12 @@ def iter_serving(
                 fed = pos
                 draft = drafter.speculate(record.req_id)
                 draft_pos, label = pos, accept_len(draft.tokens, out[pos:])
+            history = histories[i]
             view = StepView(
                 req_id=record.req_id, source=record.source, pos=pos, num_prompt_tokens=len(record.prompt_ids),
                 draft=draft if policy.needs_draft else EMPTY_DRAFT,
+                tail=context[max(0, pos + shift - TAIL_TOKENS) : pos + shift],
+                history=history,
                 oracle_accept_len=label if policy.needs_draft else 0,
             )
             choice = policy.decide(view)
@@ -125,6 +132,9 @@ def iter_serving(
             else:
                 raise ValueError(f"policy {policy.name!r} returned {choice!r}; expected cache, eagle3 or greedy")
             out_len = min(out_len, n - pos)
+            if policy.needs_draft:
+                history.record(pos, view.draft)
+                history.observe(out[pos : pos + out_len].tolist())
             yield ServingStep(record.req_id, record.source, policy.name, pos, choice, view.draft, view.oracle_accept_len, out_len)
             if pos + out_len < n:
                 heapq.heappush(heap, (pos + out_len, i))

@@ -22,13 +22,15 @@ class PolicyTally:
     cache_steps: int = 0
     cache_accepted: int = 0
     cache_high: int = 0
+    cache_draft_tokens: int = 0
     eagle3_steps: int = 0
 
-    def add_step(self, choice: str, out_len: int, accept_len: int) -> None:
+    def add_step(self, choice: str, out_len: int, accept_len: int, draft_len: int = 0) -> None:
         self.cycles += 1
         self.tokens += out_len
         if choice == "cache":
             self.cache_steps += 1
+            self.cache_draft_tokens += draft_len
             self.cache_accepted += accept_len
             self.cache_high += accept_len >= HIGH_PAYOFF_ACCEPT_LEN
         elif choice == "eagle3":
@@ -51,6 +53,7 @@ class PolicyTally:
             "tokens": self.tokens,
             "cache_steps": self.cache_steps,
             "eagle3_steps": self.eagle3_steps,
+            "cache_draft_tokens": self.cache_draft_tokens,
         }
 
 

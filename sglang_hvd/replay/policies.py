@@ -7,6 +7,8 @@ of CACHE, EAGLE3, GREEDY. Replay compares them on the same traces:
   eagle3_only  always the EAGLE3 draft
   cache_only   SuffixDecoding: the cache draft whenever there is one, else a plain step
   rule@c       the cache draft when its score >= c, else EAGLE3 (ArcticInference's rule)
+  hvd          the learned gate: the cache draft when predicted accept_len > threshold
+  oracle       the cache draft exactly when its true accept_len + 1 beats EAGLE3's mean
 
 The learned gate and the oracle plug in through the same interface (``needs_draft``
 tells replay to draft at the positions a policy visits).
@@ -15,10 +17,11 @@ tells replay to draft at the positions a policy visits).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
 from ..drafter.protocol import Draft
+from ..features import FeatureInput, RequestHistory
 
 CACHE, EAGLE3, GREEDY = "cache", "eagle3", "greedy"
 
@@ -32,6 +35,8 @@ class StepView:
     pos: int  # output tokens generated so far
     num_prompt_tokens: int
     draft: Draft  # the cache draft at this position (empty if the policy needs none)
+    tail: Sequence[int]  # the last few context tokens (features.TAIL_TOKENS)
+    history: RequestHistory  # this request's earlier drafts under this policy (before this one)
     oracle_accept_len: int
     """The draft's true accepted length. Only the oracle policy may read this."""
 
@@ -93,12 +98,44 @@ class Oracle:
         return CACHE if view.oracle_accept_len + 1 > self.eagle3_tokens_per_cycle else EAGLE3
 
 
+class GatePolicy:
+    """HVD: the cache draft when the gate predicts accept_len > threshold, else EAGLE3.
+
+    Keeps ``(source, predicted, true accept_len)`` of every draft it judged, for the
+    gate's precision/recall report.
+    """
+
+    needs_draft = True
+
+    def __init__(self, gate, threshold: float | None = None, name: str = "hvd"):
+        self.gate = gate
+        self.threshold = gate.threshold if threshold is None else threshold
+        self.name = name
+        self.judged: list[tuple[str, float, int]] = []
+
+    def decide(self, view: StepView) -> str:
+        if not view.draft.tokens:
+            return EAGLE3
+        row = FeatureInput(view.draft, view.pos, view.num_prompt_tokens, view.tail, view.history.scalars())
+        predicted = float(self.gate.predict(self.gate.extractor([row]))[0])
+        self.judged.append((view.source, predicted, view.oracle_accept_len))
+        return CACHE if predicted > self.threshold else EAGLE3
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PolicyOptions:
     """Settings the policy factories draw on."""
 
     rule_thresholds: tuple[float, ...] = (3.0,)
     eagle3_tokens_per_cycle: float = 1.75
+    gate: object | None = None  # a sglang_hvd.gate.Gate, for the hvd policy
+    gate_thresholds: tuple[float, ...] = ()  # extra hvd@T policies (threshold sweeps)
+
+
+def _gate_policies(o: PolicyOptions) -> list[Policy]:
+    if o.gate is None:
+        raise ValueError("the hvd policy needs a gate (--gate GATE_DIR)")
+    return [GatePolicy(o.gate)] + [GatePolicy(o.gate, t, name=f"hvd@{t:g}") for t in o.gate_thresholds]
 
 
 # name -> factory(options) -> policies (a name may expand to several, e.g. one rule per
@@ -109,6 +146,7 @@ POLICY_FACTORIES: dict[str, Callable[[PolicyOptions], list[Policy]]] = {
     "cache_only": lambda o: [CacheOnly()],
     "rule": lambda o: [ScoreRule(t) for t in o.rule_thresholds],
     "oracle": lambda o: [Oracle(o.eagle3_tokens_per_cycle)],
+    "hvd": _gate_policies,
 }
 BASELINES = ("greedy", "eagle3_only", "cache_only", "rule")
 

@@ -1,0 +1,120 @@
+"""``hvd train`` end to end: split, label by dense replay, train, calibrate, export."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sglang_hvd import __version__
+from sglang_hvd.drafter import DrafterConfig
+from sglang_hvd.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
+from sglang_hvd.gate import GATE_FORMAT_VERSION, Gate
+from sglang_hvd.replay.acceptance import Eagle3Acceptance
+from sglang_hvd.replay.cost import CostModel
+from sglang_hvd.replay.metrics import HIGH_PAYOFF_ACCEPT_LEN
+from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, sweep
+from sglang_hvd.trace import TokenizerId, TraceRecord
+
+from .dataset import build_dataset, records_digest
+from .export import to_onnx, write_gate_dir
+from .mlp import TrainConfig, train_mlp
+from .split import TEST, TRAIN, VALIDATION, split_conversations
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrainOptions:
+    validation_fraction: float = 0.2
+    test_fraction: float = 0.0
+    split_seed: int = 0
+    model: TrainConfig = TrainConfig()
+    drafter_name: str = "python"
+    drafter: DrafterConfig = DrafterConfig()
+    acceptance: Eagle3Acceptance = Eagle3Acceptance()
+    costs: CostModel = CostModel()
+    threshold: float | None = None  # fixed threshold; None calibrates it
+    gate_thresholds: tuple[float, ...] = DEFAULT_GATE_THRESHOLDS
+    rule_thresholds: tuple[float, ...] = DEFAULT_RULE_THRESHOLDS
+    parity_rows: int = 4096
+
+
+def _high_payoff(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
+    hp, ht = pred >= HIGH_PAYOFF_ACCEPT_LEN, true >= HIGH_PAYOFF_ACCEPT_LEN
+    tp = int((hp & ht).sum())
+    return {"precision_at_6": tp / max(int(hp.sum()), 1), "recall_at_6": tp / max(int(ht.sum()), 1),
+            "mae": float(np.abs(pred - true).mean()) if len(true) else 0.0}
+
+
+def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenizer: TokenizerId, out_dir: str,
+               opts: TrainOptions, log: Callable[[str], None] = print) -> dict:
+    """Train, calibrate and write a gate directory; returns the metrics (also metrics.json)."""
+    import torch
+
+    t0 = time.perf_counter()
+    side = split_conversations(records, opts.validation_fraction, opts.test_fraction, opts.split_seed)
+    parts = {name: [r for r in records if side[r.conv_id] == name] for name in (TRAIN, VALIDATION, TEST)}
+    if not parts[TRAIN] or not parts[VALIDATION]:
+        raise ValueError(f"need conversations on both the train and validation sides; got {len(parts[TRAIN])} train "
+                         f"and {len(parts[VALIDATION])} validation requests (add traces or change --validation-fraction)")
+    log(f"split by conversation: {len(parts[TRAIN])} train, {len(parts[VALIDATION])} validation, "
+        f"{len(parts[TEST])} held-out test requests")
+    train = build_dataset(parts[TRAIN], opts.drafter_name, opts.drafter, token_flags, desc="label train")
+    val = build_dataset(parts[VALIDATION], opts.drafter_name, opts.drafter, token_flags, desc="label validation")
+    if len(train) == 0 or len(val) == 0:
+        raise ValueError("no cache drafts to learn from (the traces never repeat themselves?)")
+    t_label = time.perf_counter()
+    log(f"labelled {len(train):,} train and {len(val):,} validation drafts in {t_label - t0:.0f} s")
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    fit = train_mlp(train.features, train.accept_len, val.features, val.accept_len, opts.model)
+    t_fit = time.perf_counter()
+    log(f"trained {fit.epochs} epochs (best {fit.best_epoch}, validation MSE {fit.validation_mse[fit.best_epoch - 1]:.3f}) "
+        f"in {t_fit - t_label:.0f} s")
+    with torch.no_grad():
+        val_pred = fit.model(torch.from_numpy(val.features)).numpy()
+
+    spec = {
+        "format_version": GATE_FORMAT_VERSION,
+        "feature_schema_version": FEATURE_SCHEMA_VERSION,
+        "feature_names": list(FEATURE_NAMES),
+        "normalisation": "inside gate.onnx (Sub mean, Div std); feed raw features",
+        "threshold": opts.threshold if opts.threshold is not None else 1.0,
+        "threshold_source": "fixed" if opts.threshold is not None else "calibrated",
+        "rule_threshold": None,
+        "drafter": dataclasses.asdict(opts.drafter),
+        "drafter_impl": opts.drafter_name,
+        "eagle3": dataclasses.asdict(opts.acceptance),
+        "costs": dataclasses.asdict(opts.costs),
+        "tokenizer": {"name": tokenizer.name, "digest": tokenizer.digest},
+        "model": {"hidden": list(opts.model.hidden), "loss": "mse", "epochs": fit.epochs, "best_epoch": fit.best_epoch,
+                  "seed": opts.model.seed},
+        "training": {"digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]), "rows": len(train),
+                     "validation_requests": len(parts[VALIDATION]), "validation_rows": len(val)},
+        "split": {"seed": opts.split_seed, "validation_fraction": opts.validation_fraction,
+                  "test_fraction": opts.test_fraction,
+                  "test_conversations": sorted({r.conv_id for r in parts[TEST]}),
+                  "validation_conversations": sorted({r.conv_id for r in parts[VALIDATION]})},
+        "validation": {"mse": fit.validation_mse[fit.best_epoch - 1], **_high_payoff(val_pred, val.accept_len)},
+        "sglang_hvd_version": __version__,
+    }
+    # Calibrate on validation conversations, replayed as a server would run them.
+    gate = Gate.in_memory(spec, token_flags.astype(np.uint16), to_onnx(fit.model).SerializeToString())
+    cal = sweep(parts[VALIDATION], gate, opts.drafter_name, opts.acceptance, opts.costs,
+                opts.gate_thresholds, opts.rule_thresholds)
+    if opts.threshold is None:
+        spec["threshold"] = cal.best_threshold
+    spec["rule_threshold"] = cal.best_rule_threshold
+    t_cal = time.perf_counter()
+    log(f"calibrated on validation replay in {t_cal - t_fit:.0f} s: threshold {spec['threshold']:g} "
+        f"({spec['threshold_source']}), best rule constant {cal.best_rule_threshold:g}")
+    rows = val.features[: opts.parity_rows]
+    parity = write_gate_dir(out_dir, fit.model, spec, token_flags, rows)
+    metrics = {
+        "train_mse": fit.train_mse, "validation_mse": fit.validation_mse,
+        "validation": spec["validation"], "calibration": cal.to_json(),
+        "parity_max_abs_diff": parity,
+        "seconds": {"label": t_label - t0, "train": t_fit - t_label, "calibrate": t_cal - t_fit,
+                    "total": time.perf_counter() - t0},
+    }
+    return metrics

@@ -1,0 +1,133 @@
+"""``hvd eval TRACES... --gate GATE_DIR``: the learned gate against every baseline."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..drafter import create_drafter
+from ..errors import HvdInputError
+from ..gate import Gate
+from ..jsonl import write_json
+from ..replay.acceptance import Eagle3Acceptance
+from ..replay.cost import CostModel
+from ..replay.metrics import COLUMNS, table_row
+from ..replay.policies import GatePolicy, PolicyOptions, make_policies
+from ..replay.simulate import simulate
+from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, gate_metrics, sweep
+from ..report import format_table, progress
+from ..trace import ReadReport, iter_traces, single_tokenizer
+from .common import add_json_flag, add_skip_invalid_flag, cli_entry, float_list
+
+POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hvd eval",
+        description=(
+            "Serving-mode replay of the learned gate (hvd) against greedy, eagle3_only, cache_only, the score "
+            "rule (its constant as chosen at training) and the oracle (the cache draft exactly when its true "
+            "accept_len + 1 beats EAGLE3's mean), per source and overall, plus the gate's precision and recall "
+            "for high-payoff drafts (accept_len >= 6) and its mean absolute error. Drafter and EAGLE3 settings "
+            "are the gate's own."
+        ),
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
+    p.add_argument("--gate", required=True, metavar="GATE_DIR", help="gate directory written by `hvd train`")
+    p.add_argument("--held-out", action="store_true",
+                   help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
+    p.add_argument("--threshold", type=float, help="override the gate's threshold")
+    p.add_argument("--rule-threshold", type=float, help="override the rule constant chosen at training")
+    p.add_argument("--plot", metavar="PATH.png",
+                   help="also sweep the threshold and plot precision/recall and cycles per 1k against it (needs matplotlib)")
+    p.add_argument("--plot-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
+                   help="thresholds of the --plot sweep (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
+    add_skip_invalid_flag(p)
+    add_json_flag(p)
+    return p
+
+
+@cli_entry("eval", build_parser)
+def main(args: argparse.Namespace) -> int:
+    gate = Gate(args.gate, threshold=args.threshold)
+    spec = gate.spec
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise HvdInputError("--plot needs matplotlib: pip install matplotlib") from None
+    acceptance = Eagle3Acceptance(**{k: (tuple(map(tuple, v)) if k == "distribution" else v) for k, v in spec["eagle3"].items()})
+    rule = args.rule_threshold if args.rule_threshold is not None else spec.get("rule_threshold") or 3.0
+    report = ReadReport()
+    records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
+    if args.held_out:
+        keep = set(spec["split"]["test_conversations"])
+        if not keep:
+            raise HvdInputError(f"{args.gate} held out no conversations (train with --test-fraction to use --held-out)")
+        records = (r for r in records if r.conv_id in keep)
+    records = list(records)
+    if not records:
+        raise HvdInputError("no trace records to evaluate" + (" (none of the held-out conversations are in these files)" if args.held_out else ""))
+    if records[0].tokenizer.digest != spec["tokenizer"]["digest"]:
+        raise HvdInputError(f"the traces were tokenized with {records[0].tokenizer.name}@{records[0].tokenizer.digest}, "
+                            f"the gate was trained on {spec['tokenizer']['name']}@{spec['tokenizer']['digest']}")
+    options = PolicyOptions(rule_thresholds=(rule,), eagle3_tokens_per_cycle=acceptance.expected_tokens_per_cycle, gate=gate)
+    policies = make_policies(list(POLICIES), options)
+    hvd = next(p for p in policies if isinstance(p, GatePolicy))
+    with progress(total=len(records), desc="eval", unit="req") as bar:
+        result = simulate(records, create_drafter(spec.get("drafter_impl", "python"), gate.drafter_config), policies,
+                          acceptance, on_request=lambda r: bar.update(1))
+    costs = CostModel(**spec.get("costs", {}))
+    out = {"overall": {**result.overall.to_json(), "gate": {**gate_metrics(hvd.judged), "cache_pick_rate":
+           result.overall.policy("hvd").to_json()["cache_pick_rate"]}}, "sources": {},
+           "threshold": gate.threshold, "rule_threshold": rule}
+    header = ("policy",) + COLUMNS + ("time/1k",)
+    for name, tally in sorted(result.sources.items()):
+        out["sources"][name] = {**tally.to_json(), "gate": {**gate_metrics(hvd.judged, name),
+                                "cache_pick_rate": tally.policy("hvd").to_json()["cache_pick_rate"]}}
+        _print(name, tally, header, costs, out["sources"][name]["gate"])
+    if len(result.sources) > 1:
+        _print("overall", result.overall, header, costs, out["overall"]["gate"])
+    print(f"\nthreshold {gate.threshold:g}, rule constant {rule:g}; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
+    if args.plot:
+        sw = sweep(records, gate, spec.get("drafter_impl", "python"), acceptance, costs, args.plot_thresholds, ())
+        _plot(args.plot, sw)
+        out["sweep"] = sw.to_json()
+        print(f"plot: {args.plot}")
+    if report.num_skipped:
+        print(report.summary())
+    if args.json:
+        write_json(args.json, out)
+    return 0
+
+
+def _print(name, tally, header, costs, g) -> None:
+    rows = [table_row(p, t) + (costs.time_per_1k(t),) for p, t in tally.policies.items()]
+    print(format_table(header, rows, title=f"\n{name}: {tally.requests:,} requests, {tally.tokens:,} output tokens"))
+    print(f"gate: precision@6 {g['precision_at_6']:.3f}, recall@6 {g['recall_at_6']:.3f}, MAE {g['mae']:.2f} "
+          f"over {g['judged']:,} drafts judged; cache pick {100 * g['cache_pick_rate']:.1f}%")
+
+
+def _plot(path: str, sw) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [e["threshold"] for e in sw.gate_curve]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.plot(t, [e["precision_at_6"] for e in sw.gate_curve], "o-", label="precision@6")
+    a.plot(t, [e["recall_at_6"] for e in sw.gate_curve], "s-", label="recall@6")
+    a.plot(t, [e["cache_pick_rate"] for e in sw.gate_curve], "^-", label="cache pick rate")
+    a.set_xlabel("threshold on predicted accept_len")
+    a.legend()
+    b.plot(t, [e["cycles_per_1k"] for e in sw.gate_curve], "o-", label="hvd")
+    for name, e in sw.baselines.items():
+        if name != "greedy":
+            b.axhline(e["cycles_per_1k"], linestyle="--", linewidth=1, label=name, color={"eagle3_only": "C1", "cache_only": "C2", "oracle": "C3"}.get(name))
+    b.set_xlabel("threshold on predicted accept_len")
+    b.set_ylabel("verify cycles per 1k tokens")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,109 @@
+"""``hvd train TRACES... --tokenizer DIR -o GATE_DIR``: train and calibrate the payoff gate."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..errors import HvdInputError
+from ..jsonl import write_json
+from ..replay.cost import CostModel
+from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS
+from ..report import format_table
+from ..tokenizer import ChatTokenizer
+from ..trace import ReadReport, iter_traces, single_tokenizer
+from .common import add_json_flag, add_skip_invalid_flag, cli_entry, float_list, positive_int
+from .options import add_dataclass_flags, add_drafter_flags, add_eagle3_flags, dataclass_from_flags, eagle3_from_flags
+from ..drafter.protocol import DrafterConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hvd train",
+        description=(
+            "Train the payoff gate: split requests by conversation (train / validation / optional held-out "
+            "test), replay them in dense mode (a cache draft at every output position, labelled with its true "
+            "accepted length), fit an MLP with MSE (torch, CPU), calibrate the decision threshold on validation "
+            "replay by modelled decode time, check the ONNX export against torch, and write GATE_DIR with "
+            "gate.onnx, gate.json, token_flags.npy and metrics.json. Needs the `train` extra (torch, onnx)."
+        ),
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
+    p.add_argument("-o", "--output", required=True, metavar="GATE_DIR", help="gate directory to write")
+    p.add_argument("--tokenizer", required=True, metavar="DIR",
+                   help="the tokenizer the traces were made with (for token structure features; its digest must match)")
+    p.add_argument("--validation-fraction", type=float, default=0.2, help="share of conversations for validation (default: %(default)s)")
+    p.add_argument("--test-fraction", type=float, default=0.0,
+                   help="share of conversations held out entirely, for `hvd eval --held-out` (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split and of training (default: %(default)s)")
+    p.add_argument("--hidden", default="256,256", help="hidden layer sizes of the MLP (default: %(default)s)")
+    p.add_argument("--epochs", type=positive_int, default=40, help="most training epochs (default: %(default)s)")
+    p.add_argument("--patience", type=positive_int, default=4, help="stop after this many epochs without validation gain (default: %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, default=512, help="minibatch size (default: %(default)s)")
+    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default: %(default)s)")
+    p.add_argument("--threshold", type=float, help="fixed decision threshold on predicted accept_len (default: calibrated)")
+    p.add_argument("--gate-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
+                   help="thresholds tried by calibration (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
+    p.add_argument("--rule-thresholds", type=float_list, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
+                   help="score-rule constants tried for the rule baseline (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_RULE_THRESHOLDS))
+    add_drafter_flags(p)
+    add_eagle3_flags(p)
+    add_dataclass_flags(p, CostModel, "cost model of calibration (per verify cycle; 1.0 = one target forward)", prefix="cost")
+    add_skip_invalid_flag(p)
+    add_json_flag(p)
+    return p
+
+
+@cli_entry("train", build_parser)
+def main(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+
+        from ..predictor.mlp import TrainConfig
+        from ..predictor.pipeline import TrainOptions, train_gate
+    except ImportError as e:
+        raise HvdInputError(f"hvd train needs the train extra ({e.name} is missing): pip install 'sglang-hvd[train]' "
+                            "(on a CPU machine, pip install torch==2.13.0 first)") from None
+    tokenizer = ChatTokenizer(args.tokenizer)
+    report = ReadReport()
+    records = list(single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report)))
+    if not records:
+        raise HvdInputError("no trace records to train on")
+    if records[0].tokenizer.digest != tokenizer.identity.digest:
+        t = records[0].tokenizer
+        raise HvdInputError(f"the traces were tokenized with {t.name}@{t.digest}, but --tokenizer {args.tokenizer} is "
+                            f"{tokenizer.identity.name}@{tokenizer.identity.digest}; pass the tokenizer used by `hvd import`")
+    try:
+        hidden = tuple(int(h) for h in args.hidden.split(","))
+        opts = TrainOptions(
+            validation_fraction=args.validation_fraction, test_fraction=args.test_fraction, split_seed=args.seed,
+            model=TrainConfig(hidden=hidden, learning_rate=args.learning_rate, batch_size=args.batch_size,
+                              max_epochs=args.epochs, patience=args.patience, seed=args.seed),
+            drafter_name=args.drafter, drafter=dataclass_from_flags(DrafterConfig, args),
+            acceptance=eagle3_from_flags(args), costs=dataclass_from_flags(CostModel, args, prefix="cost"),
+            threshold=args.threshold, gate_thresholds=args.gate_thresholds, rule_thresholds=args.rule_thresholds,
+        )
+        metrics = train_gate(records, tokenizer.token_flags(), tokenizer.identity, args.output, opts)
+    except ValueError as e:
+        raise HvdInputError(str(e)) from None
+    except FileExistsError as e:
+        raise HvdInputError(str(e)) from None
+    write_json(f"{args.output}/metrics.json", metrics)
+    cal = metrics["calibration"]
+    rows = [(f"hvd@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%",
+             e["precision_at_6"], e["recall_at_6"]) for e in cal["gate"]]
+    rows += [(f"rule@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "")
+             for e in cal["rule"]]
+    rows += [(name, e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "")
+             for name, e in cal["baselines"].items()]
+    print(format_table(["policy", "cycles/1k", "modelled time/1k", "cache pick", "precision@6", "recall@6"], rows,
+                       title="\ncalibration on validation conversations"))
+    v = metrics["validation"]
+    print(f"\nwrote {args.output}: threshold {cal['best_threshold'] if args.threshold is None else args.threshold:g}, "
+          f"validation MSE {v['mse']:.3f}, precision@6 {v['precision_at_6']:.3f}, recall@6 {v['recall_at_6']:.3f} "
+          f"(every validation draft), ONNX parity {metrics['parity_max_abs_diff']:.2g}, {metrics['seconds']['total']:.0f} s")
+    if report.num_skipped:
+        print(report.summary())
+    if args.json:
+        write_json(args.json, metrics)
+    return 0

@@ -1,0 +1,198 @@
+"""Gate features: what the server knows about a cache draft before it verifies it.
+
+One implementation, used by replay (training and evaluation) and by the serving worker.
+Versioned: a gate trained on schema N refuses to load against code of schema M != N.
+
+Groups (FEATURE_NAMES lists them in order):
+  match      draft length, match length, tree, score, mean/first/last token probability,
+             log counts of the matched node and of the first/last drafted node, and how
+             much of the length budget the draft used
+  position   log output position, log prompt length, output share of the context
+  history    the request's earlier drafts as far as the tokens generated since show them
+             (RequestHistory): confirmed tokens and "known broken" of the last 4, log gap
+             to the last, mean accepted length of resolved drafts, their log count, and the
+             share of the last 16 drafts that broke on their first token
+  tokens     structure flags (token_flags.py) of the first draft token, mean flags over
+             the draft, mean flags over the last 8 context tokens
+
+No label leakage: every history value at position p is computed from tokens before p.
+A draft made at q < p is compared only with output[q:p]; its ``confirmed`` count is
+min(accept_len(q), p - q) and it counts as broken only once a mismatch lies before p.
+
+Worked example (history): drafts were made at q=10 (tokens a b c d) and q=12 (c d e).
+The output is ``a b c x ...`` from position 10. At p=13 (tokens 10, 11, 12 known):
+  draft@10: confirmed 3 (a b c), not broken yet (its 4th token d is at position 13)
+  draft@12: compared with output[12:13] = c: confirmed 1, not broken
+At p=14 (x known): draft@10 broke: resolved with accept_len 3; draft@12 compared
+with c x: confirmed 1, broke (d != x): resolved with accept_len 1.
+Features at p=14: hist_obs = (1, 3, 0, 0), hist_broke = (1, 1, 0, 0), gap log(1 + 2),
+mean resolved accept 2.0.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .drafter.protocol import LOCAL_TREE, Draft, DrafterConfig
+from .token_flags import FLAG_NAMES, unpack
+
+FEATURE_SCHEMA_VERSION = 1
+HISTORY_K = 4  # earlier drafts shown one by one
+MISS_WINDOW = 16  # drafts over which the first-token miss rate is taken
+TAIL_TOKENS = 8  # context tokens whose flags are averaged
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "draft_len", "match_len", "is_local_tree", "score", "mean_prob", "first_prob", "last_prob",
+    "log_match_count", "log_first_child_count", "log_last_child_count", "budget_use",
+    "log_pos", "log_prompt_len", "output_share",
+    *(f"hist_obs_{i}" for i in range(1, HISTORY_K + 1)),
+    *(f"hist_broke_{i}" for i in range(1, HISTORY_K + 1)),
+    "hist_log_gap", "hist_mean_resolved_accept", "hist_log_num_resolved", "hist_first_token_miss_rate",
+    *(f"first_tok_{f}" for f in FLAG_NAMES),
+    *(f"draft_{f}" for f in FLAG_NAMES),
+    *(f"tail_{f}" for f in FLAG_NAMES),
+)
+_NUM_SCALAR = 14 + 2 * HISTORY_K + 4
+
+
+class _Entry:
+    __slots__ = ("pos", "tokens", "confirmed", "broke")
+
+    def __init__(self, pos: int, tokens: tuple[int, ...]):
+        self.pos, self.tokens, self.confirmed, self.broke = pos, tokens, 0, False
+
+    @property
+    def resolved(self) -> bool:
+        return self.broke or self.confirmed == len(self.tokens)
+
+
+class RequestHistory:
+    """A request's recent cache drafts and what the tokens generated since reveal of them.
+
+    Call ``record(pos, draft)`` when a draft is made at output position ``pos`` (before
+    its verify), and ``observe(tokens)`` with every token the request emits, in order.
+    """
+
+    __slots__ = ("pos", "_recent", "_open", "resolved_sum", "resolved_count")
+
+    def __init__(self):
+        self.pos = 0  # output tokens observed so far
+        self._recent: collections.deque[_Entry] = collections.deque(maxlen=MISS_WINDOW)
+        self._open: list[_Entry] = []  # entries still unresolved
+        self.resolved_sum = 0
+        self.resolved_count = 0
+
+    def record(self, pos: int, draft: Draft) -> None:
+        if pos != self.pos:
+            raise ValueError(f"draft recorded at position {pos}, but {self.pos} tokens were observed")
+        if draft.tokens:
+            entry = _Entry(pos, draft.tokens)
+            self._recent.append(entry)
+            self._open.append(entry)
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        start = self.pos
+        self.pos += len(tokens)
+        if not self._open:
+            return
+        still_open = []
+        for e in self._open:
+            # e.confirmed == start - e.pos: an open entry has matched every token so far.
+            offset = start - e.pos
+            n = min(len(tokens), len(e.tokens) - offset)
+            k = 0
+            while k < n and e.tokens[offset + k] == tokens[k]:
+                k += 1
+            e.confirmed = offset + k
+            if k < n:
+                e.broke = True
+            if e.resolved:
+                self.resolved_sum += e.confirmed
+                self.resolved_count += 1
+            else:
+                still_open.append(e)
+        self._open = still_open
+
+    def scalars(self) -> list[float]:
+        recent = self._recent
+        obs, broke = [0.0] * HISTORY_K, [0.0] * HISTORY_K
+        for i in range(min(HISTORY_K, len(recent))):
+            e = recent[-1 - i]
+            obs[i] = float(e.confirmed)
+            broke[i] = float(e.broke)
+        gap = math.log1p(self.pos - recent[-1].pos) if recent else 0.0
+        mean_acc = self.resolved_sum / self.resolved_count if self.resolved_count else 0.0
+        misses = sum(1 for e in recent if e.broke and e.confirmed == 0) / len(recent) if recent else 0.0
+        return obs + broke + [gap, mean_acc, math.log1p(self.resolved_count), misses]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FeatureInput:
+    """One row: a request's cache draft at one decode step, with what the server knows."""
+
+    draft: Draft
+    pos: int  # output tokens generated so far
+    num_prompt_tokens: int
+    tail: Sequence[int]  # the last TAIL_TOKENS context tokens (fewer at the very start)
+    history: Sequence[float]  # RequestHistory.scalars() taken BEFORE this draft is recorded
+
+
+class FeatureExtractor:
+    """Turns FeatureInputs into a ``[batch, len(FEATURE_NAMES)]`` float32 matrix."""
+
+    def __init__(self, token_flags: np.ndarray, drafter_config: DrafterConfig):
+        self.token_flags = token_flags
+        self.budgets = np.array([drafter_config.budget(p) for p in range(drafter_config.max_depth + 1)], dtype=np.float32)
+        self.vocab_size = len(token_flags)
+
+    def _flags(self, ids: np.ndarray) -> np.ndarray:
+        # Ids beyond the flag table (a model with a larger vocab than its tokenizer) get no flags.
+        safe = np.where(ids < self.vocab_size, ids, 0)
+        return np.where(ids < self.vocab_size, self.token_flags[safe], 0)
+
+    def __call__(self, rows: Sequence[FeatureInput]) -> np.ndarray:
+        b = len(rows)
+        out = np.zeros((b, len(FEATURE_NAMES)), dtype=np.float32)
+        if b == 0:
+            return out
+        scalars = []
+        draft_ids: list[int] = []
+        draft_lens = np.zeros(b, dtype=np.int64)
+        tails = np.zeros((b, TAIL_TOKENS), dtype=np.int64)
+        tail_lens = np.zeros(b, dtype=np.int64)
+        for i, r in enumerate(rows):
+            d = r.draft
+            n = len(d.tokens)
+            draft_lens[i] = n
+            draft_ids.extend(d.tokens)
+            tail = r.tail[-TAIL_TOKENS:]
+            tail_lens[i] = len(tail)
+            tails[i, : len(tail)] = tail
+            if n:
+                match = [n, d.match_len, float(d.tree == LOCAL_TREE), d.score, d.score / n, d.probs[0], d.probs[-1],
+                         math.log1p(d.match_count), math.log1p(d.child_counts[0]) if d.child_counts else 0.0,
+                         math.log1p(d.child_counts[-1]) if d.child_counts else 0.0,
+                         n / max(float(self.budgets[min(d.match_len, len(self.budgets) - 1)]), 1.0)]
+            else:
+                match = [0.0] * 11
+            total = r.pos + r.num_prompt_tokens
+            scalars.append(match + [math.log1p(r.pos), math.log1p(r.num_prompt_tokens), r.pos / max(total, 1)]
+                           + list(r.history))
+        out[:, :_NUM_SCALAR] = np.asarray(scalars, dtype=np.float32)
+        nf = len(FLAG_NAMES)
+        col = _NUM_SCALAR
+        if draft_ids:
+            bits = unpack(self._flags(np.asarray(draft_ids, dtype=np.int64)))  # [total_draft_tokens, nf]
+            has = draft_lens > 0
+            starts = np.concatenate([[0], np.cumsum(draft_lens)[:-1]])
+            out[has, col : col + nf] = bits[starts[has]]
+            sums = np.add.reduceat(bits, starts[has], axis=0)
+            out[has, col + nf : col + 2 * nf] = sums / draft_lens[has, None]
+        tail_bits = unpack(self._flags(tails)) * (np.arange(TAIL_TOKENS)[None, :] < tail_lens[:, None])[..., None]
+        out[:, col + 2 * nf : col + 3 * nf] = tail_bits.sum(axis=1) / np.maximum(tail_lens, 1)[:, None]
+        return out

@@ -1,0 +1,78 @@
+"""Threshold sweeps: the gate at many thresholds and the score rule at many constants,
+replayed together in one serving-mode pass, scored by modelled decode time.
+
+Used by ``hvd train`` (calibrating the gate's threshold and choosing the rule's constant
+on validation conversations) and ``hvd eval --plot`` (the curve on evaluation traces).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..drafter import create_drafter
+from ..trace import TraceRecord
+from .acceptance import Eagle3Acceptance
+from .cost import CostModel
+from .metrics import HIGH_PAYOFF_ACCEPT_LEN
+from .policies import CacheOnly, Eagle3Only, GatePolicy, Greedy, Oracle, ScoreRule
+from .simulate import ReplayResult, simulate
+
+DEFAULT_GATE_THRESHOLDS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+DEFAULT_RULE_THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+
+
+def gate_metrics(judged: Sequence[tuple[str, float, int]], source: str | None = None) -> dict[str, float]:
+    """Precision/recall of predicting a high-payoff draft (accept_len >= 6), and MAE."""
+    rows = [(p, y) for s, p, y in judged if source is None or s == source]
+    if not rows:
+        return {"precision_at_6": 0.0, "recall_at_6": 0.0, "mae": 0.0, "judged": 0}
+    pred = np.array([p for p, _ in rows])
+    true = np.array([y for _, y in rows])
+    hit_pred, hit_true = pred >= HIGH_PAYOFF_ACCEPT_LEN, true >= HIGH_PAYOFF_ACCEPT_LEN
+    tp = int((hit_pred & hit_true).sum())
+    return {
+        "precision_at_6": tp / max(int(hit_pred.sum()), 1),
+        "recall_at_6": tp / max(int(hit_true.sum()), 1),
+        "mae": float(np.abs(pred - true).mean()),
+        "judged": len(rows),
+    }
+
+
+@dataclasses.dataclass(slots=True)
+class Sweep:
+    result: ReplayResult
+    gate_curve: list[dict]  # one entry per gate threshold
+    rule_curve: list[dict]  # one entry per rule constant
+    best_threshold: float
+    best_rule_threshold: float
+    baselines: dict[str, dict]  # greedy, eagle3_only, cache_only, oracle: cycles and time
+
+    def to_json(self) -> dict:
+        return {"gate": self.gate_curve, "rule": self.rule_curve, "best_threshold": self.best_threshold,
+                "best_rule_threshold": self.best_rule_threshold, "baselines": self.baselines}
+
+
+def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, acceptance: Eagle3Acceptance, costs: CostModel,
+          gate_thresholds: Sequence[float] = DEFAULT_GATE_THRESHOLDS,
+          rule_thresholds: Sequence[float] = DEFAULT_RULE_THRESHOLDS) -> Sweep:
+    gates = [GatePolicy(gate, t, name=f"hvd@{t:g}") for t in gate_thresholds]
+    rules = [ScoreRule(c) for c in rule_thresholds]
+    base = [Greedy(), Eagle3Only(), CacheOnly(), Oracle(acceptance.expected_tokens_per_cycle)]
+    result = simulate(records, create_drafter(drafter_name, gate.drafter_config), base + rules + gates, acceptance)
+    total = result.overall
+
+    def entry(policy, **extra):
+        t = total.policy(policy.name)
+        j = t.to_json()
+        return {**extra, "cycles_per_1k": j["cycles_per_1k"], "time_per_1k": costs.time_per_1k(t),
+                "cache_pick_rate": j["cache_pick_rate"]}
+
+    gate_curve = [entry(g, threshold=t, **gate_metrics(g.judged)) for g, t in zip(gates, gate_thresholds)]
+    rule_curve = [entry(r, threshold=c) for r, c in zip(rules, rule_thresholds)]
+    best_gate = min(gate_curve, key=lambda e: e["time_per_1k"]) if gate_curve else {"threshold": gate.threshold}
+    best_rule = min(rule_curve, key=lambda e: e["time_per_1k"]) if rule_curve else {"threshold": 3.0}
+    baselines = {p.name: entry(p) for p in base}
+    return Sweep(result, gate_curve, rule_curve, float(best_gate["threshold"]), float(best_rule["threshold"]), baselines)
