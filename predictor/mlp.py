@@ -98,7 +98,7 @@ def train_mlp(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                total += float(loss) * len(idx)
+                total += float(loss.detach()) * len(idx)
             model.eval()
             train_curve.append(total / max(len(xt), 1))
             val = _mse(model, xv, yv) if len(xv) else train_curve[-1]

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("sglang_hvd.cli.stats", "sizes and repetition profile of token traces, per source"),
     "replay": ("sglang_hvd.cli.replay", "replay traces through the cache drafter; compare verify policies"),
     "train": ("sglang_hvd.cli.train", "train the payoff gate by trace replay; export it to ONNX (needs the train extra)"),
+    "demo": ("sglang_hvd.cli.demo", "the whole loop on the embedded workload: synth, import, train, eval"),
     "eval": ("sglang_hvd.cli.eval", "evaluate a gate against greedy, EAGLE3, cache-only, the rule and the oracle"),
 }
 

@@ -87,13 +87,18 @@ def _walk(index: TokenIndex, ends: np.ndarray, limit: int, min_prob: float):
         nv = nxt[valid]
         if len(nv) == 0:
             return tokens, probs, counts
-        vals, inverse, num = np.unique(nv, return_inverse=True, return_counts=True)
-        best = int(num.max())
-        tied = num == best
-        if tied.sum() == 1:
-            tok = int(vals[tied.argmax()])
+        if len(nv) > 512:  # counting beats sorting for large sets
+            num = np.bincount(nv)
+            best = int(num.max())
+            tied_tokens = np.flatnonzero(num == best)
+        else:
+            vals, num = np.unique(nv, return_counts=True)
+            best = int(num.max())
+            tied_tokens = vals[num == best]
+        if len(tied_tokens) == 1:
+            tok = int(tied_tokens[0])
         else:  # most recently appended among the most frequent
-            mask = tied[inverse]
+            mask = np.isin(nv, tied_tokens)
             tok = int(nv[mask][index.stamps[cur[valid] + 1][mask].argmax()])
         prob *= best / len(cur)
         if prob < min_prob:

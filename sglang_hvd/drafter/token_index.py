@@ -113,8 +113,9 @@ class TokenIndex:
 
     def positions(self, token: int) -> np.ndarray:
         """Ascending arena positions holding ``token`` (int64)."""
-        lo = np.searchsorted(self._sorted_tok, token, side="left")
-        hi = np.searchsorted(self._sorted_tok, token, side="right")
+        key = np.int32(token)  # a Python int would make numpy cast the whole array to int64
+        lo = np.searchsorted(self._sorted_tok, key, side="left")
+        hi = np.searchsorted(self._sorted_tok, key, side="right")
         found = self._sorted_pos[lo:hi].astype(np.int64)
         recent = self._recent.get(token)
         if recent:
