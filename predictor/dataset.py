@@ -9,8 +9,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor
+from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, FeatureInput
+from sglang_hvd.replay.acceptance import Eagle3Acceptance
+from sglang_hvd.replay.engine import iter_serving
 from sglang_hvd.replay.labelled import iter_labelled
+from sglang_hvd.replay.policies import CacheOnly, Eagle3Only, Oracle, ScoreRule
 from sglang_hvd.report import progress
 from sglang_hvd.trace import TraceRecord
 
@@ -27,21 +30,73 @@ class Dataset:
         return len(self.accept_len)
 
 
+ROW_MODES = ("dense", "serving")
+
+
+class _Recorder:
+    """Wraps a behaviour policy: records the feature row and label of every draft it sees."""
+
+    needs_draft = True
+
+    def __init__(self, inner, sink: list):
+        self.inner, self.sink, self.name = inner, sink, f"behaviour:{inner.name}"
+
+    def decide(self, view):
+        if view.draft.tokens:
+            self.sink.append((FeatureInput(view.draft, view.pos, view.num_prompt_tokens, view.tail, view.history.scalars()),
+                              view.oracle_accept_len, len(view.draft.tokens)))
+        return self.inner.decide(view)
+
+
+def _serving_rows(records, drafter, extractor, acceptance, bar):
+    """Rows at the positions serving walks visit, with the history those walks build.
+
+    Behaviour policies: cache_only, eagle3_only (drafting, never verifying drafts), the
+    score rule at 1.5 and the oracle, so the rows cover the states a gate meets when it
+    picks either source.
+    """
+    sink: list = []
+    behaviour = [CacheOnly(), Eagle3Only(), ScoreRule(1.5), Oracle(acceptance.expected_tokens_per_cycle)]
+    policies = [_Recorder(p, sink) for p in behaviour]
+    for record in records:
+        for _ in iter_serving([record], drafter, policies, acceptance):
+            pass
+        rows, labels, dlen = zip(*sink) if sink else ((), (), ())
+        sink.clear()
+        bar.update(len(record.output_ids))
+        yield record, extractor(list(rows)), np.array(labels, dtype=np.int32), np.array(dlen, dtype=np.int32)
+
+
+def _dense_rows(records, drafter, extractor, bar):
+    for req in iter_labelled(records, drafter, extractor):
+        bar.update(len(req.record.output_ids))
+        yield req.record, req.features, req.accept_len, req.draft_len
+
+
 def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_config: DrafterConfig,
-                  token_flags: np.ndarray, desc: str = "features") -> Dataset:
-    """Replay ``records`` in order (one shared drafter) and label every non-empty draft."""
+                  token_flags: np.ndarray, desc: str = "features", rows: str = "dense",
+                  acceptance: Eagle3Acceptance | None = None) -> Dataset:
+    """Replay ``records`` in order (one shared drafter) and label cache drafts.
+
+    rows="dense": every non-empty draft at every output position (the paper's mode).
+    rows="serving": the drafts met by serving walks of behaviour policies (_serving_rows).
+    """
+    if rows not in ROW_MODES:
+        raise ValueError(f"rows must be one of {ROW_MODES}, got {rows!r}")
     extractor = FeatureExtractor(token_flags, drafter_config)
     drafter = create_drafter(drafter_name, drafter_config)
     feats, labels, dlen, convs, sources = [], [], [], [], []
     with progress(total=sum(len(r.output_ids) for r in records), desc=desc, unit="tok") as bar:
-        for req in iter_labelled(records, drafter, extractor):
-            feats.append(req.features)
-            labels.append(req.accept_len)
-            dlen.append(req.draft_len)
-            n = len(req.accept_len)
-            convs.append(np.full(n, req.record.conv_id, dtype=object))
-            sources.append(np.full(n, req.record.source, dtype=object))
-            bar.update(len(req.record.output_ids))
+        if rows == "dense":
+            stream = _dense_rows(records, drafter, extractor, bar)
+        else:
+            stream = _serving_rows(records, drafter, extractor, acceptance or Eagle3Acceptance(), bar)
+        for record, x, y, d in stream:
+            feats.append(x)
+            labels.append(y)
+            dlen.append(d)
+            convs.append(np.full(len(y), record.conv_id, dtype=object))
+            sources.append(np.full(len(y), record.source, dtype=object))
     if not feats:
         empty = np.zeros(0)
         return Dataset(np.zeros((0, len(FEATURE_NAMES)), np.float32), empty.astype(np.float32), empty.astype(np.int32),

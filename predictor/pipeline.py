@@ -30,6 +30,7 @@ class TrainOptions:
     test_fraction: float = 0.0
     split_seed: int = 0
     model: TrainConfig = TrainConfig()
+    rows: str = "serving"  # which drafts become training rows: dataset.ROW_MODES
     drafter_name: str = "python"
     drafter: DrafterConfig = DrafterConfig()
     acceptance: Eagle3Acceptance = Eagle3Acceptance()
@@ -60,8 +61,10 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
                          f"and {len(parts[VALIDATION])} validation requests (add traces or change --validation-fraction)")
     log(f"split by conversation: {len(parts[TRAIN])} train, {len(parts[VALIDATION])} validation, "
         f"{len(parts[TEST])} held-out test requests")
-    train = build_dataset(parts[TRAIN], opts.drafter_name, opts.drafter, token_flags, desc="label train")
-    val = build_dataset(parts[VALIDATION], opts.drafter_name, opts.drafter, token_flags, desc="label validation")
+    train = build_dataset(parts[TRAIN], opts.drafter_name, opts.drafter, token_flags, desc="label train",
+                          rows=opts.rows, acceptance=opts.acceptance)
+    val = build_dataset(parts[VALIDATION], opts.drafter_name, opts.drafter, token_flags, desc="label validation",
+                        rows=opts.rows, acceptance=opts.acceptance)
     if len(train) == 0 or len(val) == 0:
         raise ValueError("no cache drafts to learn from (the traces never repeat themselves?)")
     t_label = time.perf_counter()
@@ -89,7 +92,7 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
         "tokenizer": {"name": tokenizer.name, "digest": tokenizer.digest},
         "model": {"hidden": list(opts.model.hidden), "loss": "mse", "epochs": fit.epochs, "best_epoch": fit.best_epoch,
                   "seed": opts.model.seed},
-        "training": {"digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]), "rows": len(train),
+        "training": {"rows_mode": opts.rows, "digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]), "rows": len(train),
                      "validation_requests": len(parts[VALIDATION]), "validation_rows": len(val)},
         "split": {"seed": opts.split_seed, "validation_fraction": opts.validation_fraction,
                   "test_fraction": opts.test_fraction,

@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-fraction", type=float, default=0.0,
                    help="share of conversations held out entirely, for `hvd eval --held-out` (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and of training (default: %(default)s)")
+    p.add_argument("--rows", choices=("dense", "serving"), default="serving",
+                   help="training rows: dense = a draft at every output position (the paper's mode); serving = the "
+                        "drafts met at the positions serving walks visit (default: %(default)s)")
     p.add_argument("--hidden", default="256,256", help="hidden layer sizes of the MLP (default: %(default)s)")
     p.add_argument("--epochs", type=positive_int, default=40, help="most training epochs (default: %(default)s)")
     p.add_argument("--patience", type=positive_int, default=4, help="stop after this many epochs without validation gain (default: %(default)s)")
@@ -79,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
             validation_fraction=args.validation_fraction, test_fraction=args.test_fraction, split_seed=args.seed,
             model=TrainConfig(hidden=hidden, learning_rate=args.learning_rate, batch_size=args.batch_size,
                               max_epochs=args.epochs, patience=args.patience, seed=args.seed),
-            drafter_name=args.drafter, drafter=dataclass_from_flags(DrafterConfig, args),
+            rows=args.rows, drafter_name=args.drafter, drafter=dataclass_from_flags(DrafterConfig, args),
             acceptance=eagle3_from_flags(args), costs=dataclass_from_flags(CostModel, args, prefix="cost"),
             threshold=args.threshold, gate_thresholds=args.gate_thresholds, rule_thresholds=args.rule_thresholds,
         )

@@ -1,0 +1,92 @@
+"""Gate features: literal values, and no label leakage."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_hvd.drafter import Draft, DrafterConfig, create_drafter
+from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, FeatureInput, RequestHistory
+from sglang_hvd.replay.labelled import iter_labelled
+from sglang_hvd.token_flags import FLAG_BITS, FLAG_NAMES, build_token_flags, flags_of
+from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
+
+COL = {name: i for i, name in enumerate(FEATURE_NAMES)}
+# A toy vocabulary: id -> text.
+VOCAB = ["a", " b", "{\"", "42", "\n", "    ", "<|im_end|>", "\":", "x", "y"]
+FLAGS = build_token_flags(VOCAB, special_ids={6})
+
+
+def test_token_flags_of_literal_texts():
+    assert flags_of("{\"") == FLAG_BITS["bracket"] | FLAG_BITS["quote"] | FLAG_BITS["json"]
+    assert flags_of(" b") == FLAG_BITS["word_start"] | FLAG_BITS["alpha"]
+    assert flags_of("42") == FLAG_BITS["digit"]
+    assert flags_of("\n") == FLAG_BITS["newline"] | FLAG_BITS["space"]
+    assert flags_of("    ") == FLAG_BITS["space"] | FLAG_BITS["code"]
+    assert flags_of("<|im_end|>", special=True) & FLAG_BITS["special"]
+
+
+def test_history_worked_example_of_the_docstring():
+    a, b, c, d, e, x = 1, 2, 3, 4, 5, 9
+    h = RequestHistory()
+    h.observe([0] * 10)
+    h.record(10, Draft(tokens=(a, b, c, d), probs=(1.0,) * 4))
+    h.observe([a, b])
+    h.record(12, Draft(tokens=(c, d, e), probs=(1.0,) * 3))
+    h.observe([c])
+    # p=13: draft@12 confirmed 1 (c); draft@10 confirmed 3; nothing broken or resolved yet.
+    assert h.scalars() == [1.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, math.log1p(1), 0.0, 0.0, 0.0]
+    h.observe([x])
+    # p=14: both broke on x: accept_len 1 and 3, mean 2.0; gap to the last draft is 2.
+    assert h.scalars() == [1.0, 3.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, math.log1p(2), 2.0, math.log1p(2), 0.0]
+
+
+def test_feature_row_literal_values():
+    ex = FeatureExtractor(FLAGS, DrafterConfig())
+    draft = Draft(tokens=(2, 3, 7), probs=(0.5, 0.5, 0.25), child_counts=(4, 4, 2), score=1.25, match_len=5,
+                  match_count=8, tree="local")
+    row = FeatureInput(draft, pos=9, num_prompt_tokens=91, tail=[0, 1, 4], history=[0.0] * 12)
+    x = ex([row, FeatureInput(Draft(), 0, 5, [], [0.0] * 12)])
+    assert x.shape == (2, len(FEATURE_NAMES)) and x.dtype == np.float32
+    f = dict(zip(FEATURE_NAMES, x[0].tolist()))
+    assert (f["draft_len"], f["match_len"], f["is_local_tree"]) == (3.0, 5.0, 1.0)
+    assert (f["score"], f["first_prob"], f["last_prob"]) == (1.25, 0.5, 0.25)
+    assert math.isclose(f["mean_prob"], 1.25 / 3, rel_tol=1e-6)
+    assert math.isclose(f["log_match_count"], math.log1p(8), rel_tol=1e-6)
+    assert math.isclose(f["budget_use"], 3 / 5, rel_tol=1e-6)  # budget of a 5-token match: 5
+    assert math.isclose(f["output_share"], 0.09, rel_tol=1e-6)
+    # First draft token is {" (id 2): bracket, quote, json.
+    assert [n for n in FLAG_NAMES if f[f"first_tok_{n}"]] == ["bracket", "quote", "json"]
+    # Draft {" 42 ": -> json in 2 of 3 tokens, digit in 1 of 3.
+    assert math.isclose(f["draft_json"], 2 / 3, rel_tol=1e-6) and math.isclose(f["draft_digit"], 1 / 3, rel_tol=1e-6)
+    # Tail a, " b", "\n": newline 1/3, alpha 2/3.
+    assert math.isclose(f["tail_newline"], 1 / 3, rel_tol=1e-6) and math.isclose(f["tail_alpha"], 2 / 3, rel_tol=1e-6)
+    # No draft, position 0, empty tail, empty history: only the prompt length is non-zero.
+    assert np.flatnonzero(x[1]).tolist() == [COL["log_prompt_len"]]
+    assert math.isclose(x[1, COL["log_prompt_len"]], math.log1p(5), rel_tol=1e-6)
+
+
+def _records(prefix, suffix, prompt):
+    tok = TokenizerId("toy", "d")
+    return [TraceRecord(req_id="r", conv_id="c", turn=0, source="s", tokenizer=tok,
+                        prompt_ids=token_array(prompt), output_ids=token_array(prefix + suffix))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt=st.lists(st.integers(0, 9), min_size=1, max_size=30),
+       prefix=st.lists(st.integers(0, 9), min_size=1, max_size=30),
+       tail_a=st.lists(st.integers(0, 9), min_size=1, max_size=10),
+       tail_b=st.lists(st.integers(0, 9), min_size=1, max_size=10))
+def test_changing_tokens_after_p_changes_no_feature_of_p(prompt, prefix, tail_a, tail_b):
+    """Features at positions <= p = len(prefix) depend only on tokens before them."""
+    ex = FeatureExtractor(FLAGS, DrafterConfig(max_depth=12))
+    rows = []
+    for suffix in (tail_a, tail_b):
+        (req,) = iter_labelled(_records(prefix, suffix, prompt), create_drafter("python", DrafterConfig(max_depth=12)), ex)
+        keep = req.positions <= len(prefix)
+        rows.append((req.positions[keep], req.features[keep]))
+    assert np.array_equal(rows[0][0], rows[1][0])
+    assert np.array_equal(rows[0][1], rows[1][1])
