@@ -77,3 +77,14 @@ def shared_traces(tmp_path_factory, qwen_dir) -> tuple[str, dict]:
     assert main([*files, "--tokenizer", qwen_dir, "-o", path, "--json", summary]) == 0
     with open(summary) as f:
         return path, json.load(f)
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> str:
+    """``hvd demo`` at a reduced size (needs the train extra): workload, traces, gate, eval."""
+    pytest.importorskip("torch", reason="the gate tests need the train extra (tests/run installs it)")
+    from sglang_hvd.cli.main import main
+
+    out = str(tmp_path_factory.mktemp("demo"))
+    assert main(["demo", "-o", out, "--sessions", "80", "--seed", "3", "--epochs", "20"]) == 0
+    return out

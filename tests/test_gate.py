@@ -1,0 +1,151 @@
+"""Gate: conversation split, ONNX export parity, load-time checks, and that it pays off."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_hvd.cli.main import main as hvd
+from sglang_hvd.features import FEATURE_NAMES
+from sglang_hvd.gate import Gate, GateError
+from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
+
+torch = pytest.importorskip("torch", reason="the gate tests need the train extra (tests/run installs it)")
+
+from sglang_hvd.predictor.export import ExportParityError, to_onnx, write_gate_dir  # noqa: E402
+from sglang_hvd.predictor.mlp import TrainConfig, train_mlp  # noqa: E402
+from sglang_hvd.predictor.split import TEST, TRAIN, VALIDATION, split_conversations  # noqa: E402
+
+
+def rec(conv, turn, source):
+    return TraceRecord(req_id=f"{conv}#{turn}", conv_id=conv, turn=turn, source=source, tokenizer=TokenizerId("t", "d"),
+                       prompt_ids=token_array([1]), output_ids=token_array([2]))
+
+
+@settings(max_examples=50, deadline=None)
+@given(convs=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 4), st.sampled_from(["a", "b", "c"])), min_size=1, max_size=60),
+       val=st.sampled_from([0.1, 0.2, 0.3]), test=st.sampled_from([0.0, 0.2]), seed=st.integers(0, 3))
+def test_split_never_puts_a_conversation_on_two_sides(convs, val, test, seed):
+    records = [rec(f"{src}{c}", t, src) for c, turns, src in convs for t in range(turns)]
+    side = split_conversations(records, val, test, seed)
+    assert set(side) == {r.conv_id for r in records}  # one side per conversation, by construction of a dict
+    by_source = {}
+    for r in records:
+        by_source.setdefault(r.source, set()).add(r.conv_id)
+    for convs_of_source in by_source.values():
+        if len(convs_of_source) >= 3:  # every side is represented in every source large enough
+            assert {side[c] for c in convs_of_source} >= {TRAIN, VALIDATION} | ({TEST} if test else set())
+    assert side == split_conversations(list(reversed(records)), val, test, seed)  # order-independent
+
+
+def _tiny_model():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, len(FEATURE_NAMES))).astype(np.float32)
+    y = (np.abs(x[:, 0]) * 3).astype(np.float32)
+    return train_mlp(x[:300], y[:300], x[300:], y[300:], TrainConfig(hidden=(16, 16), max_epochs=3)).model, x
+
+
+def _spec():
+    from sglang_hvd.drafter import DrafterConfig
+    import dataclasses
+
+    return {"format_version": 1, "feature_schema_version": 1, "feature_names": list(FEATURE_NAMES), "threshold": 1.0,
+            "drafter": dataclasses.asdict(DrafterConfig())}
+
+
+def test_export_matches_torch_and_loads_as_a_gate(tmp_path):
+    model, x = _tiny_model()
+    flags = np.zeros(10, dtype=np.uint16)
+    diff = write_gate_dir(str(tmp_path / "g"), model, _spec(), flags, x[:100])
+    assert diff <= 1e-4
+    assert sorted(os.listdir(tmp_path / "g")) == ["gate.json", "gate.onnx", "token_flags.npy"]
+    gate = Gate(str(tmp_path / "g"))
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    got = gate.predict(x)  # any batch size: the batch axis is dynamic
+    assert got.shape == (400,) and np.max(np.abs(got - want)) <= 1e-4
+    assert gate.decide(x).tolist() == (want > 1.0).tolist()
+    proto = to_onnx(model)
+    assert [i.name for i in proto.graph.input] == ["features"] and [o.name for o in proto.graph.output] == ["accept_len"]
+    assert json.loads((tmp_path / "g" / "gate.json").read_text())["export"]["parity_rows"] == 100
+
+
+def test_a_failed_parity_check_writes_nothing(tmp_path, monkeypatch):
+    model, x = _tiny_model()
+    import sglang_hvd.predictor.export as export
+
+    monkeypatch.setattr(export, "parity", lambda proto, m, rows: 0.5)
+    with pytest.raises(ExportParityError, match=r"differs from torch by 0.5 \(> 0.0001\)"):
+        write_gate_dir(str(tmp_path / "g"), model, _spec(), np.zeros(10, dtype=np.uint16), x[:10])
+    assert not (tmp_path / "g").exists() and os.listdir(tmp_path) == []
+
+
+def test_bad_gates_are_refused_at_load_time_with_the_reason(tmp_path):
+    model, x = _tiny_model()
+    good = tmp_path / "good"
+    write_gate_dir(str(good), model, _spec(), np.zeros(10, dtype=np.uint16), x[:10])
+
+    def variant(name, edit):
+        d = tmp_path / name
+        shutil.copytree(good, d)
+        edit(d)
+        return str(d)
+
+    with pytest.raises(GateError, match="gate directory not found"):
+        Gate(str(tmp_path / "nowhere"))
+    old = variant("old", lambda d: (d / "gate.json").write_text(json.dumps({**_spec(), "feature_schema_version": 0})))
+    with pytest.raises(GateError, match=r"trained on feature schema 0 \(62 features\), but this sglang-hvd computes schema 1 \(62 features\)"):
+        Gate(old)
+    with pytest.raises(GateError, match="token_flags.npy: missing"):
+        Gate(variant("noflags", lambda d: os.unlink(d / "token_flags.npy")))
+    with pytest.raises(GateError, match="onnxruntime cannot load gate.onnx"):
+        Gate(variant("corrupt", lambda d: (d / "gate.onnx").write_bytes(b"not a model")))
+    with pytest.raises(GateError, match="not valid JSON"):
+        Gate(variant("badjson", lambda d: (d / "gate.json").write_text("{")))
+
+
+def test_demo_gate_beats_cache_only_and_eagle3_on_held_out_sessions(demo_dir):
+    """The real claim, on synthetic sessions the gate never saw (a quarter held out)."""
+    with open(os.path.join(demo_dir, "eval.json")) as f:
+        result = json.load(f)
+    cycles = {name: p["cycles_per_1k"] for name, p in result["overall"]["policies"].items()}
+    assert cycles["hvd"] < 0.95 * cycles["cache_only"]
+    assert cycles["hvd"] < 0.5 * cycles["eagle3_only"]
+    assert cycles["oracle"] <= cycles["hvd"]
+    tools = result["sources"]["synth-tools"]["policies"]
+    assert tools["hvd"]["cycles_per_1k"] < tools["cache_only"]["cycles_per_1k"]
+    spec = json.loads(open(os.path.join(demo_dir, "gate", "gate.json")).read())
+    held_out = set(spec["split"]["test_conversations"])
+    assert held_out and held_out.isdisjoint(spec["split"]["validation_conversations"])
+    assert spec["training"]["rows"] > 0 and spec["export"]["parity_max_abs_diff"] <= 1e-4
+
+
+def test_eval_and_train_refuse_bad_inputs(demo_dir, tmp_path, capsys):
+    traces = os.path.join(demo_dir, "traces.jsonl")
+    assert hvd(["eval", traces, "--gate", str(tmp_path / "nope")]) == 2
+    assert "gate directory not found" in capsys.readouterr().err
+    other = tmp_path / "tok"
+    from sglang_hvd.synth.workload import SynthConfig, write_workload
+
+    write_workload(SynthConfig(sessions=4, seed=99, vocab_size=400), str(other))
+    assert hvd(["train", traces, "--tokenizer", str(other / "tokenizer"), "-o", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert "the traces were tokenized with hvd-synth-bpe@" in err and "pass the tokenizer used by `hvd import`" in err
+    assert not (tmp_path / "g").exists()
+
+
+def test_eval_plot_and_json(demo_dir, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    out, png = tmp_path / "e.json", tmp_path / "p.png"
+    assert hvd(["eval", os.path.join(demo_dir, "traces.jsonl"), "--gate", os.path.join(demo_dir, "gate"), "--held-out",
+                "--json", str(out), "--plot", str(png), "--plot-thresholds", "0,1,4"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(out.read_text())
+    assert [e["threshold"] for e in data["sweep"]["gate"]] == [0.0, 1.0, 4.0]
+    assert set(data["overall"]["gate"]) >= {"precision_at_6", "recall_at_6", "mae", "cache_pick_rate"}
