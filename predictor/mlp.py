@@ -18,7 +18,7 @@ from sglang_hvd.report import progress
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TrainConfig:
-    hidden: tuple[int, ...] = (256, 256)
+    hidden: tuple[int, ...] = (64, 64)
     learning_rate: float = 1e-3
     weight_decay: float = 1e-5
     batch_size: int = 512

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -147,52 +148,59 @@ class FeatureExtractor:
 
     def __init__(self, token_flags: np.ndarray, drafter_config: DrafterConfig):
         self.token_flags = token_flags
+        # Flags unpacked once: [vocab_size + 1, len(FLAG_NAMES)] float32; the extra last row
+        # (all zero) serves ids beyond the tokenizer's vocabulary.
+        self.flag_table = np.concatenate([unpack(token_flags), np.zeros((1, len(FLAG_NAMES)), np.float32)])
         self.budgets = np.array([drafter_config.budget(p) for p in range(drafter_config.max_depth + 1)], dtype=np.float32)
         self.vocab_size = len(token_flags)
 
-    def _flags(self, ids: np.ndarray) -> np.ndarray:
-        # Ids beyond the flag table (a model with a larger vocab than its tokenizer) get no flags.
-        safe = np.where(ids < self.vocab_size, ids, 0)
-        return np.where(ids < self.vocab_size, self.token_flags[safe], 0)
+    def _bits(self, ids: np.ndarray) -> np.ndarray:
+        """``[n]`` token ids -> ``[n, len(FLAG_NAMES)]`` 0/1 flags (ids beyond the vocab: none)."""
+        return self.flag_table[np.minimum(ids, self.vocab_size)]
 
     def __call__(self, rows: Sequence[FeatureInput]) -> np.ndarray:
         b = len(rows)
         out = np.zeros((b, len(FEATURE_NAMES)), dtype=np.float32)
         if b == 0:
             return out
-        scalars = []
-        draft_ids: list[int] = []
-        draft_lens = np.zeros(b, dtype=np.int64)
-        tails = np.zeros((b, TAIL_TOKENS), dtype=np.int64)
-        tail_lens = np.zeros(b, dtype=np.int64)
-        for i, r in enumerate(rows):
-            d = r.draft
-            n = len(d.tokens)
-            draft_lens[i] = n
-            draft_ids.extend(d.tokens)
-            tail = r.tail[-TAIL_TOKENS:]
-            tail_lens[i] = len(tail)
-            tails[i, : len(tail)] = tail
-            if n:
-                match = [n, d.match_len, float(d.tree == LOCAL_TREE), d.score, d.score / n, d.probs[0], d.probs[-1],
-                         math.log1p(d.match_count), math.log1p(d.child_counts[0]) if d.child_counts else 0.0,
-                         math.log1p(d.child_counts[-1]) if d.child_counts else 0.0,
-                         n / max(float(self.budgets[min(d.match_len, len(self.budgets) - 1)]), 1.0)]
-            else:
-                match = [0.0] * 11
-            total = r.pos + r.num_prompt_tokens
-            scalars.append(match + [math.log1p(r.pos), math.log1p(r.num_prompt_tokens), r.pos / max(total, 1)]
-                           + list(r.history))
-        out[:, :_NUM_SCALAR] = np.asarray(scalars, dtype=np.float32)
+        # One tuple per row, everything else vectorised over the batch.
+        raw = np.fromiter(itertools.chain.from_iterable(
+            (len(d.tokens), d.match_len, d.tree == LOCAL_TREE, d.score,
+             d.probs[0] if d.probs else 0.0, d.probs[-1] if d.probs else 0.0,
+             d.match_count, d.child_counts[0] if d.child_counts else 0,
+             d.child_counts[-1] if d.child_counts else 0, r.pos, r.num_prompt_tokens)
+            for r in rows for d in (r.draft,)), dtype=np.float64, count=11 * b).reshape(b, 11)
+        n, match_len = raw[:, 0], raw[:, 1]
+        has = n > 0
+        safe_n = np.maximum(n, 1.0)
+        budget = self.budgets[np.minimum(match_len, len(self.budgets) - 1).astype(np.int64)]
+        match = np.stack([
+            n, match_len, raw[:, 2], raw[:, 3], raw[:, 3] / safe_n, raw[:, 4], raw[:, 5],
+            np.log1p(raw[:, 6]), np.log1p(raw[:, 7]), np.log1p(raw[:, 8]), n / np.maximum(budget, 1.0),
+        ], axis=1)
+        out[:, :11] = np.where(has[:, None], match, 0.0)
+        pos, prompt = raw[:, 9], raw[:, 10]
+        out[:, 11] = np.log1p(pos)
+        out[:, 12] = np.log1p(prompt)
+        out[:, 13] = pos / np.maximum(pos + prompt, 1.0)
+        width = _NUM_SCALAR - 14
+        out[:, 14:_NUM_SCALAR] = np.fromiter(itertools.chain.from_iterable(r.history for r in rows), dtype=np.float32,
+                                             count=width * b).reshape(b, width)
         nf = len(FLAG_NAMES)
         col = _NUM_SCALAR
-        if draft_ids:
-            bits = unpack(self._flags(np.asarray(draft_ids, dtype=np.int64)))  # [total_draft_tokens, nf]
-            has = draft_lens > 0
-            starts = np.concatenate([[0], np.cumsum(draft_lens)[:-1]])
+        lens = n.astype(np.int64)
+        if has.any():
+            ids = np.fromiter(itertools.chain.from_iterable(r.draft.tokens for r in rows), dtype=np.int64, count=int(lens.sum()))
+            bits = self._bits(ids)  # [total_draft_tokens, nf]
+            starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
             out[has, col : col + nf] = bits[starts[has]]
-            sums = np.add.reduceat(bits, starts[has], axis=0)
-            out[has, col + nf : col + 2 * nf] = sums / draft_lens[has, None]
-        tail_bits = unpack(self._flags(tails)) * (np.arange(TAIL_TOKENS)[None, :] < tail_lens[:, None])[..., None]
-        out[:, col + 2 * nf : col + 3 * nf] = tail_bits.sum(axis=1) / np.maximum(tail_lens, 1)[:, None]
+            out[has, col + nf : col + 2 * nf] = np.add.reduceat(bits, starts[has], axis=0) / lens[has, None]
+        tails = [r.tail[-TAIL_TOKENS:] if len(r.tail) > TAIL_TOKENS else r.tail for r in rows]
+        tail_lens = np.fromiter(map(len, tails), dtype=np.int64, count=b)
+        tail_ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in tails]) if tail_lens.any() else np.zeros(0, np.int64)
+        if len(tail_ids):
+            tbits = self._bits(tail_ids)
+            has_tail = tail_lens > 0
+            tstarts = np.concatenate([[0], np.cumsum(tail_lens)[:-1]])
+            out[has_tail, col + 2 * nf : col + 3 * nf] = np.add.reduceat(tbits, tstarts[has_tail], axis=0) / tail_lens[has_tail, None]
         return out
