@@ -20,8 +20,9 @@ def make(request):
 
 def test_registry_and_protocol():
     assert "python" in DRAFTERS
-    assert isinstance(create_drafter("python"), Drafter)
-    with pytest.raises(KeyError, match="unknown drafter 'rust'; available: python"):
+    for name in DRAFTERS:
+        assert isinstance(create_drafter(name), Drafter)
+    with pytest.raises(KeyError, match="unknown drafter 'rust'; available: "):
         create_drafter("rust")
 
 
@@ -198,11 +199,12 @@ def test_drafts_do_not_depend_on_how_appends_are_chunked(name, prompt, output, c
             assert one.speculate("a") == many.speculate("a")
 
 
-def test_long_prompts_and_many_responses_match_the_reference():
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_long_prompts_and_many_responses_match_the_reference(name):
     """Large occurrence sets take the narrowing path; relocation and compaction kick in."""
     rng = np.random.default_rng(0)
     config = DrafterConfig(max_depth=12, max_spec_tokens=8, global_max_tokens=500)
-    real, naive = create_drafter("python", config), NaiveDrafter(config)
+    real, naive = create_drafter(name, config), NaiveDrafter(config)
     motif = rng.integers(0, 6, size=40).tolist()
     for r in range(30):
         prompt = (motif * 3 + rng.integers(0, 6, size=200).tolist())[: 150 + 10 * r]
@@ -218,3 +220,32 @@ def test_long_prompts_and_many_responses_match_the_reference():
     stats = real.memory_stats()
     assert stats["evicted_responses"] > 0 and stats["compactions"] > 0
     assert stats["global_tokens"] <= 500
+
+
+def _dense_drafts(name, records, config=None):
+    from sglang_hvd.replay.engine import iter_dense
+
+    return [(s.record.req_id, s.pos, s.draft) for s in iter_dense(records, create_drafter(name, config))]
+
+
+@pytest.mark.skipif("native" not in DRAFTERS, reason="the native drafter is not built")
+def test_native_equals_python_on_the_synthetic_traces(synth_traces):
+    from sglang_hvd.trace import iter_traces
+
+    records = list(iter_traces(synth_traces))[:200]
+    assert _dense_drafts("native", records) == _dense_drafts("python", records)
+
+
+@pytest.mark.shared_data
+@pytest.mark.skipif("native" not in DRAFTERS, reason="the native drafter is not built")
+def test_native_equals_python_on_dev_traces(shared_traces):
+    """Same drafts, scores and match lengths at every position of real agentic traces."""
+    from sglang_hvd.trace import iter_traces
+
+    path, _ = shared_traces
+    records = [r for r in iter_traces(path) if r.source == "swe-agent"][:60]
+    records += [r for r in iter_traces(path) if r.source == "tau-bench"][:60]
+    config = DrafterConfig(global_max_tokens=20_000)  # small enough that eviction happens
+    native, python = _dense_drafts("native", records, config), _dense_drafts("python", records, config)
+    assert len(native) == sum(len(r.output_ids) for r in records)
+    assert native == python

@@ -141,7 +141,7 @@ def register_drafter(name: str) -> Callable[[type], type]:
 
 
 def _load_builtin() -> None:
-    from . import suffix_drafter  # noqa: F401  (registers "python")
+    from . import native_drafter, suffix_drafter  # noqa: F401  (register "native" when built, "python")
 
 
 def available_drafters() -> list[str]:

@@ -1,0 +1,130 @@
+// Python bindings of the native drafter (pybind11). Batch calls release the GIL and
+// return numpy arrays: no per-token Python objects on the serving path.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "suffix_drafter.hpp"
+
+namespace py = pybind11;
+using hvd::Config;
+using hvd::Draft;
+using hvd::SuffixDrafter;
+
+using I32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+static py::tuple draft_tuple(const Draft& d) {
+    return py::make_tuple(py::array_t<int32_t>(d.tokens.size(), d.tokens.data()),
+                          py::array_t<double>(d.probs.size(), d.probs.data()),
+                          py::array_t<int64_t>(d.child_counts.size(), d.child_counts.data()), d.score, d.match_len,
+                          d.match_count, d.tree);
+}
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "Native SuffixDecoding drafter core (see sglang_hvd/drafter/native/)";
+    py::class_<SuffixDrafter>(m, "Core")
+        .def(py::init([](int max_depth, int max_spec_tokens, double factor, double offset, double min_prob,
+                         int64_t global_max_tokens) {
+                 Config c;
+                 c.max_depth = max_depth;
+                 c.max_spec_tokens = max_spec_tokens;
+                 c.max_spec_factor = factor;
+                 c.max_spec_offset = offset;
+                 c.min_token_prob = min_prob;
+                 c.global_max_tokens = global_max_tokens;
+                 return new SuffixDrafter(c);
+             }),
+             py::arg("max_depth"), py::arg("max_spec_tokens"), py::arg("max_spec_factor"), py::arg("max_spec_offset"),
+             py::arg("min_token_prob"), py::arg("global_max_tokens"))
+        .def("reset", &SuffixDrafter::reset)
+        .def("start", [](SuffixDrafter& s, int64_t req, I32 prompt) {
+            auto p = prompt.unchecked<1>();
+            py::gil_scoped_release nogil;
+            s.start(req, p.data(0), p.shape(0));
+        })
+        .def("append", [](SuffixDrafter& s, int64_t req, I32 tokens) {
+            auto t = tokens.unchecked<1>();
+            py::gil_scoped_release nogil;
+            s.append(req, t.data(0), t.shape(0));
+        })
+        .def("append_batch",
+             [](SuffixDrafter& s, I64 reqs, I64 offsets, I32 tokens) {
+                 // Request reqs[i] emitted tokens[offsets[i]:offsets[i+1]].
+                 auto r = reqs.unchecked<1>();
+                 auto o = offsets.unchecked<1>();
+                 auto t = tokens.unchecked<1>();
+                 if (o.shape(0) != r.shape(0) + 1) throw std::invalid_argument("offsets must have len(reqs) + 1 entries");
+                 py::gil_scoped_release nogil;
+                 for (py::ssize_t i = 0; i < r.shape(0); ++i)
+                     s.append(r(i), t.data(0) + o(i), o(i + 1) - o(i));
+             })
+        .def("finish", &SuffixDrafter::finish)
+        .def("speculate", [](SuffixDrafter& s, int64_t req) {
+            Draft d;
+            {
+                py::gil_scoped_release nogil;
+                d = s.speculate(req);
+            }
+            return draft_tuple(d);
+        })
+        .def("speculate_batch",
+             [](SuffixDrafter& s, I64 reqs) {
+                 // Arrays for a decode batch: tokens/probs/child_counts are [B, max_spec_tokens]
+                 // (padded with -1 / 0), the rest [B].
+                 auto r = reqs.unchecked<1>();
+                 const py::ssize_t b = r.shape(0);
+                 const py::ssize_t w = s.config().max_spec_tokens;
+                 py::array_t<int32_t> tokens({b, w});
+                 py::array_t<double> probs({b, w});
+                 py::array_t<int64_t> counts({b, w});
+                 py::array_t<int32_t> lengths(b), match_len(b), tree(b);
+                 py::array_t<int64_t> match_count(b);
+                 py::array_t<double> score(b);
+                 auto T = tokens.mutable_unchecked<2>();
+                 auto P = probs.mutable_unchecked<2>();
+                 auto C = counts.mutable_unchecked<2>();
+                 auto L = lengths.mutable_unchecked<1>();
+                 auto M = match_len.mutable_unchecked<1>();
+                 auto K = match_count.mutable_unchecked<1>();
+                 auto S = score.mutable_unchecked<1>();
+                 auto R = tree.mutable_unchecked<1>();
+                 {
+                     py::gil_scoped_release nogil;
+                     for (py::ssize_t i = 0; i < b; ++i) {
+                         Draft d = s.speculate(r(i));
+                         const py::ssize_t n = static_cast<py::ssize_t>(d.tokens.size());
+                         for (py::ssize_t k = 0; k < w; ++k) {
+                             T(i, k) = k < n ? d.tokens[k] : -1;
+                             P(i, k) = k < n ? d.probs[k] : 0.0;
+                             C(i, k) = k < n ? d.child_counts[k] : 0;
+                         }
+                         L(i) = static_cast<int32_t>(n);
+                         M(i) = d.match_len;
+                         K(i) = d.match_count;
+                         S(i) = d.score;
+                         R(i) = d.tree;
+                     }
+                 }
+                 py::dict out;
+                 out["tokens"] = tokens;
+                 out["probs"] = probs;
+                 out["child_counts"] = counts;
+                 out["lengths"] = lengths;
+                 out["match_len"] = match_len;
+                 out["match_count"] = match_count;
+                 out["score"] = score;
+                 out["tree"] = tree;
+                 return out;
+             })
+        .def("context", [](SuffixDrafter& s, int64_t req) {
+            auto v = s.context(req);
+            return py::array_t<int32_t>(v.size(), v.data());
+        })
+        .def("is_running", &SuffixDrafter::is_running)
+        .def("global_tokens", &SuffixDrafter::global_tokens)
+        .def("local_tokens", &SuffixDrafter::local_tokens)
+        .def("nbytes", &SuffixDrafter::nbytes)
+        .def("evicted", &SuffixDrafter::evicted)
+        .def("compactions", &SuffixDrafter::compactions);
+}

@@ -1,0 +1,113 @@
+// The native cache drafter: one Index per running request (prompt + output) and one
+// global Index (a document per response, running or finished; the oldest finished ones
+// are evicted past the token budget). Mirrors sglang_hvd/drafter/suffix_drafter.py.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "suffix_index.hpp"
+#include "suffix_search.hpp"
+
+namespace hvd {
+
+class SuffixDrafter {
+public:
+    explicit SuffixDrafter(const Config& c) : cfg_(c), search_(c), global_(c.max_depth) {}
+
+    void reset() {
+        local_.clear();
+        global_ = Index(cfg_.max_depth);
+        finished_.clear();
+        finished_set_.clear();
+        evicted_ = 0;
+    }
+
+    void start(int64_t req, const int32_t* prompt, int64_t n) {
+        if (local_.count(req)) throw std::invalid_argument("request is already running");
+        if (finished_set_.count(req)) {  // a reused id replaces its old cached response
+            finished_set_.erase(req);
+            finished_.erase(std::find(finished_.begin(), finished_.end(), req));
+            global_.remove_doc(req);
+        }
+        auto ix = std::make_unique<Index>(cfg_.max_depth);
+        ix->add_doc(0, prompt, n, 256);
+        local_[req] = std::move(ix);
+        global_.add_doc(req, nullptr, 0, 64);
+    }
+
+    void append(int64_t req, const int32_t* tokens, int64_t n) {
+        running(req).extend(0, tokens, n);
+        global_.extend(req, tokens, n);
+        if (global_.num_live() > cfg_.global_max_tokens) evict();
+    }
+
+    void finish(int64_t req) {
+        running(req);
+        local_.erase(req);
+        finished_.push_back(req);
+        finished_set_.insert(req);
+        evict();
+    }
+
+    Draft speculate(int64_t req) {
+        Index& own = running(req);
+        const Index::Doc& d = own.doc(0);
+        int n = static_cast<int>(std::min<int64_t>(d.len, cfg_.max_depth));
+        const int32_t* tail = own.arena() + d.start + d.len - n;
+        Draft a = search_.best(own, tail, n, LOCAL);
+        Draft b = search_.best(global_, tail, n, GLOBAL);
+        return a.score >= b.score ? a : b;
+    }
+
+    std::vector<int32_t> context(int64_t req) {
+        Index& own = running(req);
+        const Index::Doc& d = own.doc(0);
+        return std::vector<int32_t>(own.arena() + d.start, own.arena() + d.start + d.len);
+    }
+
+    bool is_running(int64_t req) const { return local_.count(req) != 0; }
+    int64_t global_tokens() const { return global_.num_live(); }
+    int64_t local_tokens() const {
+        int64_t n = 0;
+        for (auto& [k, ix] : local_) n += ix->num_live();
+        return n;
+    }
+    size_t nbytes() const {
+        size_t b = global_.nbytes();
+        for (auto& [k, ix] : local_) b += ix->nbytes();
+        return b;
+    }
+    int64_t evicted() const { return evicted_; }
+    int64_t compactions() const { return global_.num_compactions(); }
+    const Config& config() const { return cfg_; }
+
+private:
+    Index& running(int64_t req) {
+        auto it = local_.find(req);
+        if (it == local_.end()) throw std::out_of_range("request is not running (start_request first)");
+        return *it->second;
+    }
+
+    void evict() {
+        while (global_.num_live() > cfg_.global_max_tokens && !finished_.empty()) {
+            int64_t oldest = finished_.front();
+            finished_.pop_front();
+            finished_set_.erase(oldest);
+            global_.remove_doc(oldest);
+            evicted_ += 1;
+        }
+    }
+
+    Config cfg_;
+    Searcher search_;
+    Index global_;
+    std::unordered_map<int64_t, std::unique_ptr<Index>> local_;
+    std::deque<int64_t> finished_;
+    std::unordered_set<int64_t> finished_set_;
+    int64_t evicted_ = 0;
+};
+
+}  // namespace hvd

@@ -1,0 +1,245 @@
+// Occurrence index over token documents: the storage behind both suffix tries of the
+// native drafter. Same semantics as sglang_hvd/drafter/token_index.py (the reference):
+// documents are runs of an arena separated by SENTINEL, each token carries the stamp of
+// the moment it was appended (a per-index clock), and a depth-limited suffix trie's counts
+// follow from where strings end. What differs is how lookups are made fast:
+//
+//   bigram index   (prev, tok) -> arena positions of tok preceded by prev (may hold stale
+//                  entries of moved or removed documents, filtered on lookup)
+//   token counts   live occurrences of each token
+//   successors     prev -> {tok: (count, newest stamp)} with the best child cached, so a
+//                  one-token pattern needs no scan of its (possibly huge) occurrence set
+//
+// Positions are never reused until a compaction, which rebuilds the bigram index.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace hvd {
+
+constexpr int32_t SENTINEL = -1;
+
+inline uint64_t bigram_key(int32_t prev, int32_t tok) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(prev)) << 32) | static_cast<uint32_t>(tok);
+}
+
+class Index {
+public:
+    explicit Index(int pad) : pad_(pad) {
+        arena_.assign(static_cast<size_t>(2 * pad + 1024), SENTINEL);
+        stamps_.assign(arena_.size(), 0);
+        size_ = pad;
+    }
+
+    struct Doc {
+        int64_t start, len, cap;
+    };
+
+    void add_doc(int64_t doc, const int32_t* tokens, int64_t n, int64_t spare) {
+        if (docs_.count(doc)) throw std::invalid_argument("document already exists");
+        int64_t start = reserve(n + spare + 1);
+        docs_[doc] = Doc{start, 0, n + spare};
+        append_tokens(docs_[doc], tokens, n);
+    }
+
+    void extend(int64_t doc, const int32_t* tokens, int64_t n) {
+        auto it = docs_.find(doc);
+        if (it == docs_.end()) throw std::out_of_range("unknown document");
+        if (n == 0) return;
+        Doc& d = it->second;
+        if (d.len + n > d.cap) relocate(doc, std::max<int64_t>(2 * d.cap, d.len + n + 256));
+        append_tokens(docs_[doc], tokens, n);
+    }
+
+    int64_t remove_doc(int64_t doc) {
+        auto it = docs_.find(doc);
+        if (it == docs_.end()) throw std::out_of_range("unknown document");
+        Doc d = it->second;
+        docs_.erase(it);
+        // Counts first (they need each token's predecessor), then free the slots, then
+        // repair the newest-stamp of pairs that lost their newest occurrence.
+        std::vector<std::pair<int32_t, int32_t>> repair;
+        for (int64_t i = d.start; i < d.start + d.len; ++i) {
+            int32_t tok = arena_[i];
+            counts_[tok] -= 1;
+            int32_t prev = arena_[i - 1];
+            if (prev < 0) continue;
+            Successors& s = succ_[prev];
+            auto c = s.children.find(tok);
+            c->second.count -= 1;
+            s.dirty = true;
+            if (c->second.count == 0) {
+                s.children.erase(c);
+            } else if (c->second.newest == stamps_[i]) {
+                repair.emplace_back(prev, tok);
+            }
+        }
+        for (int64_t i = d.start; i < d.start + d.len; ++i) arena_[i] = SENTINEL;
+        for (auto& [prev, tok] : repair) {
+            auto c = succ_[prev].children.find(tok);
+            if (c == succ_[prev].children.end()) continue;
+            int64_t newest = -1;
+            for (int32_t e : bigrams_[bigram_key(prev, tok)])
+                if (arena_[e] == tok && arena_[e - 1] == prev) newest = std::max(newest, stamps_[e]);
+            c->second.newest = newest;
+        }
+        num_live_ -= d.len;
+        dead_ += d.cap + 1;
+        if (size_ > 4 * pad_ + 4096 && num_live_ < size_ / 3) compact();
+        return d.len;
+    }
+
+    const Doc& doc(int64_t d) const { return docs_.at(d); }
+    bool has_doc(int64_t d) const { return docs_.count(d) != 0; }
+    const int32_t* arena() const { return arena_.data(); }
+    const int64_t* stamps() const { return stamps_.data(); }
+    int64_t num_live() const { return num_live_; }
+    int64_t num_compactions() const { return compactions_; }
+
+    int64_t count(int32_t tok) const {
+        auto it = counts_.find(tok);
+        return it == counts_.end() ? 0 : it->second;
+    }
+
+    // Live end positions of the bigram (prev, tok), ascending.
+    void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out) const {
+        out.clear();
+        auto it = bigrams_.find(bigram_key(prev, tok));
+        if (it == bigrams_.end()) return;
+        for (int32_t e : it->second)
+            if (arena_[e] == tok && arena_[e - 1] == prev) out.push_back(e);
+    }
+
+    // The most frequent token after `prev` (ties: the most recently appended). False if none.
+    bool best_successor(int32_t prev, int32_t& tok, int64_t& count) {
+        auto it = succ_.find(prev);
+        if (it == succ_.end() || it->second.children.empty()) return false;
+        Successors& s = it->second;
+        if (s.dirty) {
+            s.best = -1;
+            int64_t bc = -1, bs = -1;
+            for (auto& [t, c] : s.children)
+                if (c.count > bc || (c.count == bc && c.newest > bs)) { s.best = t; bc = c.count; bs = c.newest; }
+            s.dirty = false;
+        }
+        tok = s.best;
+        count = s.children.at(s.best).count;
+        return true;
+    }
+
+    size_t nbytes() const {
+        size_t b = arena_.capacity() * sizeof(int32_t) + stamps_.capacity() * sizeof(int64_t);
+        for (auto& [k, v] : bigrams_) b += v.capacity() * sizeof(int32_t) + 48;  // + hash node
+        b += counts_.size() * 32;
+        for (auto& [k, s] : succ_) b += 64 + s.children.size() * 40;
+        return b;
+    }
+
+private:
+    struct Child {
+        int64_t count = 0;
+        int64_t newest = -1;  // stamp of the most recent occurrence
+    };
+    struct Successors {
+        std::unordered_map<int32_t, Child> children;
+        int32_t best = -1;
+        bool dirty = true;
+    };
+
+    int64_t reserve(int64_t n) {
+        if (size_ + n + pad_ > static_cast<int64_t>(arena_.size())) {
+            if (dead_ > num_live_ && size_ > 4096) compact();
+            if (size_ + n + pad_ > static_cast<int64_t>(arena_.size())) {
+                size_t grown = std::max<size_t>(2 * arena_.size(), static_cast<size_t>(size_ + n + pad_));
+                if (grown > static_cast<size_t>(INT32_MAX)) throw std::length_error("token index over 2^31 slots");
+                arena_.resize(grown, SENTINEL);
+                stamps_.resize(grown, 0);
+            }
+        }
+        int64_t start = size_;
+        size_ += n;
+        return start;
+    }
+
+    void append_tokens(Doc& d, const int32_t* tokens, int64_t n) {
+        for (int64_t k = 0; k < n; ++k) {
+            int64_t i = d.start + d.len + k;
+            int32_t tok = tokens[k];
+            arena_[i] = tok;
+            stamps_[i] = clock_++;
+            counts_[tok] += 1;
+            int32_t prev = arena_[i - 1];
+            if (prev >= 0) {
+                bigrams_[bigram_key(prev, tok)].push_back(static_cast<int32_t>(i));
+                Successors& s = succ_[prev];
+                Child& c = s.children[tok];
+                c.count += 1;
+                c.newest = stamps_[i];
+                // A child that just grew has the newest stamp: it is the best if it ties or beats it.
+                if (!s.dirty && (s.best < 0 || s.best == tok || c.count >= s.children[s.best].count)) s.best = tok;
+            }
+        }
+        d.len += n;
+        num_live_ += n;
+    }
+
+    void relocate(int64_t doc, int64_t new_cap) {
+        Doc d = docs_[doc];
+        int64_t start = reserve(new_cap + 1);
+        Doc& moved = docs_[doc];  // reserve may compact and move documents: reread
+        d = moved;
+        for (int64_t k = 0; k < d.len; ++k) {
+            arena_[start + k] = arena_[d.start + k];
+            stamps_[start + k] = stamps_[d.start + k];
+            arena_[d.start + k] = SENTINEL;
+        }
+        for (int64_t k = 1; k < d.len; ++k)
+            bigrams_[bigram_key(arena_[start + k - 1], arena_[start + k])].push_back(static_cast<int32_t>(start + k));
+        dead_ += d.cap + 1;
+        moved = Doc{start, d.len, new_cap};
+    }
+
+    void compact() {
+        std::vector<std::pair<int64_t, int64_t>> order;  // (start, doc)
+        int64_t need = 2 * pad_;
+        for (auto& [id, d] : docs_) { order.emplace_back(d.start, id); need += d.cap + 1; }
+        std::sort(order.begin(), order.end());
+        std::vector<int32_t> arena(static_cast<size_t>(std::max<int64_t>(need, 2 * pad_ + 1024)), SENTINEL);
+        std::vector<int64_t> stamps(arena.size(), 0);
+        int64_t size = pad_;
+        bigrams_.clear();
+        for (auto& [s, id] : order) {
+            Doc& d = docs_[id];
+            for (int64_t k = 0; k < d.len; ++k) {
+                arena[size + k] = arena_[d.start + k];
+                stamps[size + k] = stamps_[d.start + k];
+            }
+            for (int64_t k = 1; k < d.len; ++k)
+                bigrams_[bigram_key(arena[size + k - 1], arena[size + k])].push_back(static_cast<int32_t>(size + k));
+            d.start = size;
+            size += d.cap + 1;
+        }
+        arena_.swap(arena);
+        stamps_.swap(stamps);
+        size_ = size;
+        dead_ = 0;
+        compactions_ += 1;
+    }
+
+    int pad_;
+    std::vector<int32_t> arena_;
+    std::vector<int64_t> stamps_;
+    int64_t size_ = 0, clock_ = 0, num_live_ = 0, dead_ = 0, compactions_ = 0;
+    std::unordered_map<int64_t, Doc> docs_;
+    std::unordered_map<uint64_t, std::vector<int32_t>> bigrams_;
+    std::unordered_map<int32_t, int64_t> counts_;
+    std::unordered_map<int32_t, Successors> succ_;
+};
+
+}  // namespace hvd

@@ -1,0 +1,210 @@
+// The SuffixDecoding search of one tree, as sglang_hvd/drafter/suffix_match.py defines it:
+// for every pattern length p the occurrences of the context's last p tokens, a greedy
+// most-frequent-child walk (ties: most recently appended), the best score over all
+// lengths, ties to the longer pattern. Lengths that share an occurrence set share a walk.
+//
+// The sets are found from the bigram index: E2 = ends of the context's last two tokens,
+// then each occurrence's backward match length. A one-token pattern (set E1, possibly
+// huge) is only walked when it can still win, and its first step comes from the cached
+// best successor instead of a scan.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "suffix_index.hpp"
+
+namespace hvd {
+
+enum Tree : int { NO_TREE = 0, LOCAL = 1, GLOBAL = 2 };
+
+struct Config {
+    int max_depth = 64;
+    int max_spec_tokens = 64;
+    double max_spec_factor = 1.0;
+    double max_spec_offset = 0.0;
+    double min_token_prob = 0.1;
+    int64_t global_max_tokens = 2000000;
+
+    int budget(int p) const {
+        // int() of the Python reference truncates toward zero, as the C++ cast does.
+        int by_factor = static_cast<int>(p * max_spec_factor + max_spec_offset + 1e-6);
+        return std::max(0, std::min({max_spec_tokens, by_factor, max_depth - p}));
+    }
+};
+
+struct Draft {
+    std::vector<int32_t> tokens;
+    std::vector<double> probs;
+    std::vector<int64_t> child_counts;
+    double score = 0.0;
+    int match_len = 0;
+    int64_t match_count = 0;
+    int tree = NO_TREE;
+};
+
+class Searcher {
+public:
+    explicit Searcher(const Config& c) : cfg_(c) {
+        budgets_.resize(c.max_depth + 1);
+        for (int p = 0; p <= c.max_depth; ++p) budgets_[p] = c.budget(p);
+    }
+
+    // ctx: the context's last min(len, max_depth) tokens.
+    Draft best(Index& ix, const int32_t* ctx, int n, int tree) {
+        Draft best;
+        int max_p = std::min(n, cfg_.max_depth) - 1;
+        if (max_p < 1) return best;
+        const int32_t* arena = ix.arena();
+        const int32_t last = ctx[n - 1];
+        int64_t e1_count = ix.count(last);
+        if (e1_count == 0) return best;
+        // rev[j] = the context's (j+1)-th token from the end.
+        rev_.assign(max_p + 1, 0);
+        for (int j = 0; j <= max_p; ++j) rev_[j] = ctx[n - 1 - j];
+
+        ix.bigram_ends(rev_[1], last, ends_);
+        bool merged = static_cast<int64_t>(ends_.size()) == e1_count;  // E2 == E1: lengths 1 and 2 share a set
+        if (!ends_.empty()) {
+            // Backward match length of every occurrence (>= 2), capped at max_p.
+            match_.resize(ends_.size());
+            for (size_t i = 0; i < ends_.size(); ++i) {
+                int64_t e = ends_[i];
+                int b = 2;
+                while (b < max_p && arena[e - b] == rev_[b]) ++b;
+                match_[i] = std::min(b, max_p);
+            }
+            if (max_p < 2) std::fill(match_.begin(), match_.end(), max_p);
+            order_.resize(ends_.size());
+            for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(i);
+            std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+                return match_[a] != match_[b] ? match_[a] > match_[b] : ends_[a] < ends_[b];
+            });
+            // Distinct levels, longest first; the set of a level is a prefix of order_.
+            size_t i = 0;
+            while (i < order_.size()) {
+                int level = match_[order_[i]];
+                size_t j = i;
+                while (j < order_.size() && match_[order_[j]] == level) ++j;
+                int next_level = j < order_.size() ? match_[order_[j]] : (merged ? 0 : 1);
+                int p_lo = next_level + 1, p_hi = level;
+                size_t set_size = j;
+                i = j;
+                if (p_lo > p_hi) continue;  // (only when max_p < 2)
+                int p = best_length(p_lo, p_hi);
+                int limit = budgets_[p];
+                if (limit <= best.score) continue;
+                cur_.clear();
+                for (size_t k = 0; k < set_size; ++k) cur_.push_back(ends_[order_[k]]);
+                std::sort(cur_.begin(), cur_.end());
+                Draft d;
+                walk(ix, cur_, limit, 1.0, d);
+                consider(d, static_cast<int64_t>(set_size), p_lo, p_hi, tree, best);
+            }
+        }
+        if (!merged) {
+            // The one-token pattern: its own set E1 (all occurrences of the last token).
+            int limit = budgets_[1];
+            if (limit > best.score) {
+                int32_t tok;
+                int64_t c;
+                Draft d;
+                if (ix.best_successor(last, tok, c)) {
+                    double prob = static_cast<double>(c) / static_cast<double>(e1_count);
+                    if (prob >= cfg_.min_token_prob) {
+                        d.tokens.push_back(tok);
+                        d.probs.push_back(prob);
+                        d.child_counts.push_back(c);
+                        if (limit > 1) {
+                            ix.bigram_ends(last, tok, cur_);
+                            walk(ix, cur_, limit, prob, d);
+                        }
+                    }
+                }
+                consider(d, e1_count, 1, 1, tree, best);
+            }
+        }
+        return best;
+    }
+
+private:
+    int best_length(int lo, int hi) const {
+        int best = lo;
+        for (int q = lo + 1; q <= hi; ++q)
+            if (budgets_[q] >= budgets_[best]) best = q;
+        return best;
+    }
+
+    void consider(Draft& d, int64_t set_size, int p_lo, int p_hi, int tree, Draft& best) {
+        if (d.tokens.empty()) return;
+        double score = 0.0;
+        for (double p : d.probs) score += p;  // summed in order, as the reference does
+        if (!(score > best.score)) return;
+        int q = p_hi;
+        while (q > p_lo && budgets_[q] < static_cast<int>(d.tokens.size())) --q;
+        d.score = score;
+        d.match_len = q;
+        d.match_count = set_size;
+        d.tree = tree;
+        best = std::move(d);
+    }
+
+    // Greedy walk from the occurrences `cur` (ascending end positions), appending to d
+    // until it holds `limit` tokens. `prob` is the path probability so far.
+    void walk(Index& ix, std::vector<int64_t>& cur, int limit, double prob, Draft& d) {
+        const int32_t* arena = ix.arena();
+        const int64_t* stamps = ix.stamps();
+        while (static_cast<int>(d.tokens.size()) < limit) {
+            if (cur.size() == 1) {
+                // One occurrence left: a literal copy at unchanged probability.
+                if (prob < cfg_.min_token_prob) break;
+                for (int64_t k = cur[0] + 1; static_cast<int>(d.tokens.size()) < limit && arena[k] >= 0; ++k) {
+                    d.tokens.push_back(arena[k]);
+                    d.probs.push_back(prob);
+                    d.child_counts.push_back(1);
+                }
+                break;
+            }
+            // (token, stamp) of every continuation; sorted, runs are children.
+            kids_.clear();
+            for (int64_t e : cur)
+                if (arena[e + 1] >= 0) kids_.emplace_back(arena[e + 1], stamps[e + 1]);
+            if (kids_.empty()) break;
+            std::sort(kids_.begin(), kids_.end());
+            int32_t tok = -1;
+            int64_t best_count = 0, best_stamp = -1;
+            for (size_t i = 0; i < kids_.size();) {
+                size_t j = i;
+                while (j < kids_.size() && kids_[j].first == kids_[i].first) ++j;
+                int64_t count = static_cast<int64_t>(j - i);
+                int64_t newest = kids_[j - 1].second;
+                if (count > best_count || (count == best_count && newest > best_stamp)) {
+                    tok = kids_[i].first;
+                    best_count = count;
+                    best_stamp = newest;
+                }
+                i = j;
+            }
+            prob *= static_cast<double>(best_count) / static_cast<double>(cur.size());
+            if (prob < cfg_.min_token_prob) break;
+            d.tokens.push_back(tok);
+            d.probs.push_back(prob);
+            d.child_counts.push_back(best_count);
+            size_t w = 0;
+            for (int64_t e : cur)
+                if (arena[e + 1] == tok) cur[w++] = e + 1;
+            cur.resize(w);
+        }
+    }
+
+    Config cfg_;
+    std::vector<int> budgets_;
+    std::vector<int32_t> rev_;
+    std::vector<int64_t> ends_, cur_;
+    std::vector<int> match_;
+    std::vector<int32_t> order_;
+    std::vector<std::pair<int32_t, int64_t>> kids_;
+};
+
+}  // namespace hvd

@@ -1,0 +1,151 @@
+"""The native cache drafter ("native"): the C++ core in drafter/native/, same semantics as
+the Python reference ("python"), with batch calls that release the GIL.
+
+Built by the package's own install (setup.py, pybind11) when a C++17 compiler is present.
+``native_available()`` says whether it was; ``default_drafter_name()`` picks it when it was
+and otherwise falls back to the reference, logging why once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, register_drafter
+
+log = logging.getLogger(__name__)
+_TREES = {0: "", 1: LOCAL_TREE, 2: GLOBAL_TREE}
+
+try:
+    from . import _native
+except ImportError as e:  # not built (no compiler at install time) or built for another Python
+    _native = None
+    _IMPORT_ERROR = str(e)
+else:
+    _IMPORT_ERROR = ""
+
+
+def native_available() -> bool:
+    return _native is not None
+
+
+_warned = False
+
+
+def default_drafter_name() -> str:
+    """``native`` when the extension is built, else ``python`` (logged once)."""
+    global _warned
+    if _native is not None:
+        return "native"
+    if not _warned:
+        log.warning("native drafter not built (%s); using the Python reference drafter, which is 10-40x slower. "
+                    "Reinstall with a C++17 compiler (g++) to build it.", _IMPORT_ERROR)
+        _warned = True
+    return "python"
+
+
+def _tokens(ids) -> np.ndarray:
+    arr = np.ascontiguousarray(ids, dtype=np.int32)
+    if arr.ndim != 1:
+        raise ValueError(f"token ids must be one-dimensional, got shape {arr.shape}")
+    if arr.size and arr.min() < 0:
+        raise ValueError("token ids must be non-negative")
+    return arr
+
+
+class NativeDrafter:
+    """Drafter protocol over the C++ core. Request ids map to integer handles."""
+
+    name = "native"
+
+    def __init__(self, config: DrafterConfig | None = None):
+        if _native is None:
+            raise RuntimeError(f"the native drafter is not built ({_IMPORT_ERROR}); use --drafter python")
+        self.config = config or DrafterConfig()
+        c = self.config
+        self._core = _native.Core(c.max_depth, c.max_spec_tokens, c.max_spec_factor, c.max_spec_offset,
+                                  c.min_token_prob, c.global_max_tokens)
+        self._handles: dict[str, int] = {}
+        self._next = 0
+
+    def reset(self) -> None:
+        self._core.reset()
+        self._handles.clear()
+
+    def _handle(self, req_id: str, create: bool = False) -> int:
+        h = self._handles.get(req_id)
+        if h is None:
+            if not create:
+                raise KeyError(f"request {req_id!r} is not running (start_request first)")
+            h = self._handles[req_id] = self._next
+            self._next += 1
+        return h
+
+    def start_request(self, req_id: str, prompt_ids) -> None:
+        h = self._handle(req_id, create=True)
+        if self._core.is_running(h):
+            raise ValueError(f"request {req_id!r} is already running")
+        self._core.start(h, _tokens(prompt_ids))
+
+    def append(self, req_id: str, token_ids) -> None:
+        self._core.append(self._running(req_id), _tokens(token_ids))
+
+    def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None:
+        """Append each request's emitted tokens in one call (GIL released)."""
+        handles = np.array([self._running(r) for r in req_ids], dtype=np.int64)
+        chunks = [_tokens(t) for t in token_ids]
+        offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
+        np.cumsum([len(c) for c in chunks], out=offsets[1:])
+        self._core.append_batch(handles, offsets, np.concatenate(chunks) if chunks else np.zeros(0, np.int32))
+
+    def finish_request(self, req_id: str) -> None:
+        self._core.finish(self._running(req_id))
+
+    def speculate(self, req_id: str) -> Draft:
+        tokens, probs, counts, score, match_len, match_count, tree = self._core.speculate(self._running(req_id))
+        if not len(tokens):
+            return Draft()
+        return Draft(tokens=tuple(tokens.tolist()), probs=tuple(probs.tolist()), child_counts=tuple(counts.tolist()),
+                     score=score, match_len=match_len, match_count=match_count, tree=_TREES[tree])
+
+    def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Drafts of a decode batch as arrays (GIL released): tokens/probs/child_counts
+        [B, max_spec_tokens] padded with -1 / 0; lengths, match_len, match_count, score,
+        tree (0 none, 1 local, 2 global) [B]."""
+        return self._core.speculate_batch(np.array([self._running(r) for r in req_ids], dtype=np.int64))
+
+    def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
+        a = self.speculate_arrays(req_ids)
+        out = []
+        for i in range(len(req_ids)):
+            n = int(a["lengths"][i])
+            if not n:
+                out.append(Draft())
+                continue
+            out.append(Draft(tokens=tuple(a["tokens"][i, :n].tolist()), probs=tuple(a["probs"][i, :n].tolist()),
+                             child_counts=tuple(a["child_counts"][i, :n].tolist()), score=float(a["score"][i]),
+                             match_len=int(a["match_len"][i]), match_count=int(a["match_count"][i]),
+                             tree=_TREES[int(a["tree"][i])]))
+        return out
+
+    def context(self, req_id: str) -> np.ndarray:
+        return self._core.context(self._running(req_id))
+
+    def memory_stats(self) -> dict[str, float]:
+        cached, local = self._core.global_tokens(), self._core.local_tokens()
+        nbytes = self._core.nbytes()
+        return {"global_tokens": float(cached), "local_tokens": float(local), "bytes": float(nbytes),
+                "bytes_per_token": nbytes / max(1, cached + local), "evicted_responses": float(self._core.evicted()),
+                "compactions": float(self._core.compactions())}
+
+    def _running(self, req_id: str) -> int:
+        h = self._handle(req_id)
+        if not self._core.is_running(h):
+            raise KeyError(f"request {req_id!r} is not running (start_request first)")
+        return h
+
+
+if _native is not None:
+    register_drafter("native")(NativeDrafter)
