@@ -10,6 +10,7 @@ import numpy as np
 
 from sglang_hvd import __version__
 from sglang_hvd.drafter import DrafterConfig
+from sglang_hvd.drafter.native_drafter import default_drafter_name
 from sglang_hvd.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
 from sglang_hvd.gate import GATE_FORMAT_VERSION, Gate
 from sglang_hvd.replay.acceptance import Eagle3Acceptance
@@ -31,7 +32,7 @@ class TrainOptions:
     split_seed: int = 0
     model: TrainConfig = TrainConfig()
     rows: str = "serving"  # which drafts become training rows: dataset.ROW_MODES
-    drafter_name: str = "python"
+    drafter_name: str = dataclasses.field(default_factory=default_drafter_name)
     drafter: DrafterConfig = DrafterConfig()
     acceptance: Eagle3Acceptance = Eagle3Acceptance()
     costs: CostModel = CostModel()

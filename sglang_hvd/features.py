@@ -159,10 +159,10 @@ class FeatureExtractor:
         return self.flag_table[np.minimum(ids, self.vocab_size)]
 
     def __call__(self, rows: Sequence[FeatureInput]) -> np.ndarray:
+        """Features of Draft-object rows (replay)."""
         b = len(rows)
-        out = np.zeros((b, len(FEATURE_NAMES)), dtype=np.float32)
         if b == 0:
-            return out
+            return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
         # One tuple per row, everything else vectorised over the batch.
         raw = np.fromiter(itertools.chain.from_iterable(
             (len(d.tokens), d.match_len, d.tree == LOCAL_TREE, d.score,
@@ -170,6 +170,43 @@ class FeatureExtractor:
              d.match_count, d.child_counts[0] if d.child_counts else 0,
              d.child_counts[-1] if d.child_counts else 0, r.pos, r.num_prompt_tokens)
             for r in rows for d in (r.draft,)), dtype=np.float64, count=11 * b).reshape(b, 11)
+        width = _NUM_SCALAR - 14
+        history = np.fromiter(itertools.chain.from_iterable(r.history for r in rows), dtype=np.float32,
+                              count=width * b).reshape(b, width)
+        lens = raw[:, 0].astype(np.int64)
+        ids = np.fromiter(itertools.chain.from_iterable(r.draft.tokens for r in rows), dtype=np.int64, count=int(lens.sum()))
+        tails = [r.tail[-TAIL_TOKENS:] if len(r.tail) > TAIL_TOKENS else r.tail for r in rows]
+        tail_lens = np.fromiter(map(len, tails), dtype=np.int64, count=b)
+        tail_ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in tails]) if tail_lens.any() else np.zeros(0, np.int64)
+        return self._compute(raw, history, ids, lens, tail_ids, tail_lens)
+
+    def from_arrays(self, drafts: dict[str, np.ndarray], pos: np.ndarray, num_prompt_tokens: np.ndarray,
+                    history: np.ndarray, tails: np.ndarray, tail_lens: np.ndarray) -> np.ndarray:
+        """Features of a decode batch from a drafter's array output (serving).
+
+        drafts: ``speculate_arrays`` output (tokens/probs/child_counts [B, W] padded,
+        lengths, match_len, match_count, score, tree [B]); pos, num_prompt_tokens [B];
+        history [B, H] (RequestHistory.scalars rows); tails [B, TAIL_TOKENS] with the
+        last ``tail_lens[i]`` context tokens of row i left-aligned.
+        """
+        lens = drafts["lengths"].astype(np.int64)
+        b = len(lens)
+        last = np.maximum(lens - 1, 0)[:, None]
+        raw = np.stack([
+            lens, drafts["match_len"], drafts["tree"] == 1, drafts["score"],
+            drafts["probs"][:, 0], np.take_along_axis(drafts["probs"], last, 1)[:, 0], drafts["match_count"],
+            drafts["child_counts"][:, 0], np.take_along_axis(drafts["child_counts"], last, 1)[:, 0], pos, num_prompt_tokens,
+        ], axis=1).astype(np.float64)
+        ids = drafts["tokens"][np.arange(drafts["tokens"].shape[1])[None, :] < lens[:, None]].astype(np.int64)
+        tail_ids = tails[np.arange(tails.shape[1])[None, :] < tail_lens[:, None]].astype(np.int64)
+        return self._compute(raw, np.asarray(history, dtype=np.float32), ids, lens, tail_ids, tail_lens.astype(np.int64))
+
+    def _compute(self, raw: np.ndarray, history: np.ndarray, ids: np.ndarray, lens: np.ndarray,
+                 tail_ids: np.ndarray, tail_lens: np.ndarray) -> np.ndarray:
+        """raw [b, 11]: draft len, match len, is local, score, first prob, last prob, match
+        count, first/last child count, pos, prompt len; ids/tail_ids flat with their lens."""
+        b = len(raw)
+        out = np.zeros((b, len(FEATURE_NAMES)), dtype=np.float32)
         n, match_len = raw[:, 0], raw[:, 1]
         has = n > 0
         safe_n = np.maximum(n, 1.0)
@@ -183,21 +220,14 @@ class FeatureExtractor:
         out[:, 11] = np.log1p(pos)
         out[:, 12] = np.log1p(prompt)
         out[:, 13] = pos / np.maximum(pos + prompt, 1.0)
-        width = _NUM_SCALAR - 14
-        out[:, 14:_NUM_SCALAR] = np.fromiter(itertools.chain.from_iterable(r.history for r in rows), dtype=np.float32,
-                                             count=width * b).reshape(b, width)
+        out[:, 14:_NUM_SCALAR] = history
         nf = len(FLAG_NAMES)
         col = _NUM_SCALAR
-        lens = n.astype(np.int64)
         if has.any():
-            ids = np.fromiter(itertools.chain.from_iterable(r.draft.tokens for r in rows), dtype=np.int64, count=int(lens.sum()))
             bits = self._bits(ids)  # [total_draft_tokens, nf]
             starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
             out[has, col : col + nf] = bits[starts[has]]
             out[has, col + nf : col + 2 * nf] = np.add.reduceat(bits, starts[has], axis=0) / lens[has, None]
-        tails = [r.tail[-TAIL_TOKENS:] if len(r.tail) > TAIL_TOKENS else r.tail for r in rows]
-        tail_lens = np.fromiter(map(len, tails), dtype=np.int64, count=b)
-        tail_ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in tails]) if tail_lens.any() else np.zeros(0, np.int64)
         if len(tail_ids):
             tbits = self._bits(tail_ids)
             has_tail = tail_lens > 0

@@ -90,3 +90,30 @@ def test_changing_tokens_after_p_changes_no_feature_of_p(prompt, prefix, tail_a,
         rows.append((req.positions[keep], req.features[keep]))
     assert np.array_equal(rows[0][0], rows[1][0])
     assert np.array_equal(rows[0][1], rows[1][1])
+
+
+def test_batch_arrays_give_the_same_features_as_draft_objects():
+    """The serving path (drafter arrays) and the replay path (Draft objects) agree."""
+    from sglang_hvd.drafter import available_drafters
+
+    rng = np.random.default_rng(1)
+    ex = FeatureExtractor(FLAGS, DrafterConfig(max_depth=10))
+    for name in available_drafters():
+        d = create_drafter(name, DrafterConfig(max_depth=10))
+        ids = [f"r{i}" for i in range(6)]
+        for r in ids:
+            d.start_request(r, rng.integers(0, 10, size=30))
+            d.append(r, rng.integers(0, 10, size=int(rng.integers(0, 8))))
+        drafts, arrays = d.speculate_batch(ids), d.speculate_arrays(ids)
+        assert sum(len(x.tokens) > 0 for x in drafts) >= 3  # the comparison covers real drafts
+        pos = rng.integers(0, 50, size=6)
+        prompt = rng.integers(1, 500, size=6)
+        hist = rng.random((6, 12)).astype(np.float32)
+        tails = [list(rng.integers(0, 10, size=int(k))) for k in (0, 3, 8, 8, 1, 5)]
+        padded = np.full((6, 8), -1)
+        for i, t in enumerate(tails):
+            padded[i, : len(t)] = t
+        rows = [FeatureInput(drafts[i], int(pos[i]), int(prompt[i]), tails[i], hist[i].tolist()) for i in range(6)]
+        want = ex(rows)
+        got = ex.from_arrays(arrays, pos, prompt, hist, padded, np.array([len(t) for t in tails]))
+        assert np.allclose(got, want, atol=1e-6), name

@@ -29,3 +29,24 @@ def test_predictor_and_patches_import_under_the_namespace():
 
     assert os.path.dirname(sglang_hvd.predictor.__file__) == os.path.join(REPO, "predictor")
     assert os.path.dirname(sglang_hvd.patches.__file__) == os.path.join(REPO, "patches")
+
+
+def test_the_native_drafter_is_built_wherever_a_compiler_is():
+    import shutil
+
+    from sglang_hvd.drafter.native_drafter import default_drafter_name, native_available
+
+    if shutil.which("g++") or shutil.which("c++"):
+        assert native_available(), "the install should have built sglang_hvd.drafter._native (see setup.py)"
+        assert default_drafter_name() == "native"
+
+
+def test_without_the_extension_the_python_drafter_is_used_and_says_so(monkeypatch, caplog):
+    import sglang_hvd.drafter.native_drafter as nd
+
+    monkeypatch.setattr(nd, "_native", None)
+    monkeypatch.setattr(nd, "_IMPORT_ERROR", "No module named 'sglang_hvd.drafter._native'")
+    monkeypatch.setattr(nd, "_warned", False)
+    with caplog.at_level("WARNING"):
+        assert nd.default_drafter_name() == "python"
+    assert "native drafter not built (No module named 'sglang_hvd.drafter._native'); using the Python reference" in caplog.text

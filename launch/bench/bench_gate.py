@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from sglang_hvd.drafter import create_drafter
+from sglang_hvd.drafter.native_drafter import default_drafter_name
 from sglang_hvd.features import TAIL_TOKENS, FeatureInput, RequestHistory
 from sglang_hvd.gate import Gate
 from sglang_hvd.replay.engine import iter_dense
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=2000)
     args = p.parse_args(argv)
     gate = Gate(args.gate)
-    drafter = create_drafter(gate.spec.get("drafter_impl", "python"), gate.drafter_config)
+    drafter = create_drafter(default_drafter_name(), gate.drafter_config)
     rows, history, current = [], None, None
     for step in iter_dense(iter_traces(args.traces), drafter):
         r = step.record

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 from ..drafter import create_drafter
+from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import write_json
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
             "rule (its constant as chosen at training) and the oracle (the cache draft exactly when its true "
             "accept_len + 1 beats EAGLE3's mean), per source and overall, plus the gate's precision and recall "
             "for high-payoff drafts (accept_len >= 6) and its mean absolute error. Drafter and EAGLE3 settings "
-            "are the gate's own."
+            "are the gate's own; the fastest drafter built is used (all return identical drafts)."
         ),
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
@@ -76,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     policies = make_policies(list(POLICIES), options)
     hvd = next(p for p in policies if isinstance(p, GatePolicy))
     with progress(total=len(records), desc="eval", unit="req") as bar:
-        result = simulate(records, create_drafter(spec.get("drafter_impl", "python"), gate.drafter_config), policies,
+        result = simulate(records, create_drafter(default_drafter_name(), gate.drafter_config), policies,
                           acceptance, on_request=lambda r: bar.update(1))
     costs = CostModel(**spec.get("costs", {}))
     out = {"overall": {**result.overall.to_json(), "gate": {**gate_metrics(hvd.judged), "cache_pick_rate":
@@ -91,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         _print("overall", result.overall, header, costs, out["overall"]["gate"])
     print(f"\nthreshold {gate.threshold:g}, rule constant {rule:g}; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
     if args.plot:
-        sw = sweep(records, gate, spec.get("drafter_impl", "python"), acceptance, costs, args.plot_thresholds, ())
+        sw = sweep(records, gate, default_drafter_name(), acceptance, costs, args.plot_thresholds, ())
         _plot(args.plot, sw)
         out["sweep"] = sw.to_json()
         print(f"plot: {args.plot}")

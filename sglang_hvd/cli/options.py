@@ -46,9 +46,11 @@ def dataclass_from_flags(cls: type[T], args: argparse.Namespace, prefix: str = "
 
 def add_drafter_flags(parser: argparse.ArgumentParser) -> None:
     from ..drafter import available_drafters
+    from ..drafter.native_drafter import default_drafter_name
 
-    parser.add_argument("--drafter", default="python", choices=available_drafters(),
-                        help="cache drafter implementation (default: %(default)s)")
+    parser.add_argument("--drafter", default=default_drafter_name(), choices=available_drafters(),
+                        help="cache drafter implementation; native and python return identical drafts "
+                             "(default: %(default)s, the fastest one built)")
     add_dataclass_flags(parser, DrafterConfig, "cache drafter")
 
 

@@ -91,6 +91,28 @@ class Draft:
 
 
 EMPTY_DRAFT = Draft()
+_TREE_CODES = {"": 0, LOCAL_TREE: 1, GLOBAL_TREE: 2}
+
+
+def drafts_to_arrays(drafts: Sequence[Draft], width: int) -> dict[str, np.ndarray]:
+    """Pack drafts as ``speculate_arrays`` returns them: tokens/probs/child_counts
+    [B, width] padded with -1 / 0 / 0; lengths, match_len, match_count, score and tree
+    (0 none, 1 local, 2 global) [B]."""
+    b = len(drafts)
+    out = {
+        "tokens": np.full((b, width), -1, dtype=np.int32), "probs": np.zeros((b, width)),
+        "child_counts": np.zeros((b, width), dtype=np.int64), "lengths": np.zeros(b, dtype=np.int32),
+        "match_len": np.zeros(b, dtype=np.int32), "match_count": np.zeros(b, dtype=np.int64),
+        "score": np.zeros(b), "tree": np.zeros(b, dtype=np.int32),
+    }
+    for i, d in enumerate(drafts):
+        n = len(d.tokens)
+        out["tokens"][i, :n] = d.tokens
+        out["probs"][i, :n] = d.probs
+        out["child_counts"][i, :n] = d.child_counts
+        out["lengths"][i], out["match_len"][i], out["match_count"][i] = n, d.match_len, d.match_count
+        out["score"][i], out["tree"][i] = d.score, _TREE_CODES[d.tree]
+    return out
 
 
 @runtime_checkable
@@ -100,6 +122,8 @@ class Drafter(Protocol):
     start_request(req_id, prompt)   index the prompt; open the request's running response
     append(req_id, tokens)          tokens the request emitted (accepted + bonus)
     speculate(req_id) -> Draft      a draft for the next tokens of the request
+    speculate_arrays(req_ids)       the drafts of a decode batch as arrays (drafts_to_arrays)
+    append_batch(req_ids, tokens)   append for a whole batch in one call
     finish_request(req_id)          drop the request's own tree; its response stays cached
     reset()                         forget everything (SGLang's flush_cache)
     """
@@ -114,6 +138,10 @@ class Drafter(Protocol):
     def speculate(self, req_id: str) -> Draft: ...
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]: ...
+
+    def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None: ...
 
     def finish_request(self, req_id: str) -> None: ...
 

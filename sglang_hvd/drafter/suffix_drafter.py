@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import Draft, DrafterConfig, GLOBAL_TREE, LOCAL_TREE, register_drafter
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, drafts_to_arrays, register_drafter
 from .suffix_match import best_draft
 from .token_index import TokenIndex
 
@@ -85,6 +85,13 @@ class SuffixDrafter:
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
         return [self.speculate(r) for r in req_ids]
+
+    def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return drafts_to_arrays(self.speculate_batch(req_ids), self.config.max_spec_tokens)
+
+    def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None:
+        for r, t in zip(req_ids, token_ids):
+            self.append(r, t)
 
     # -- introspection ---------------------------------------------------------------
 

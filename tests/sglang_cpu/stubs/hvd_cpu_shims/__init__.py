@@ -1,0 +1,96 @@
+"""Test-only shims that let a real SGLang 0.5.23 run EAGLE3 on a CPU-only machine.
+
+``install()`` is called by ``tests/sglang_cpu/site/sitecustomize.py`` in every
+Python process (SGLang spawns its scheduler and detokenizer with ``spawn``) when
+``HVD_TEST_SGLANG_CPU=1``. It never edits the installed SGLang:
+
+* ``sgl_kernel`` resolves to the strict stub in ``tests/sglang_cpu/stubs/sgl_kernel``
+  (the folder is put first on ``sys.path``), which exports the torch kernel ports
+  of ``kernels.py``;
+* two SGLang modules are patched right after they are first imported, by a
+  post-import hook (so nothing of SGLang is imported early):
+  ``sglang.srt.layers.attention.torch_native_backend`` (TARGET_VERIFY) and
+  ``sglang.srt.speculative.draft_utils`` (torch_native draft backends); see
+  ``attention.py``.
+
+``contract.py`` lists every private SGLang symbol these shims rely on; the patches
+check it first and raise ``ShimContractError`` naming what changed.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+
+ENV_FLAG = "HVD_TEST_SGLANG_CPU"
+STUBS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_installed = False
+
+
+# module -> patch function in attention.py (resolved lazily: importing torch from
+# sitecustomize, before the program's own imports, is avoided)
+PATCHED_MODULES = {
+    "sglang.srt.layers.attention.torch_native_backend": "patch_torch_native_backend",
+    "sglang.srt.speculative.draft_utils": "patch_draft_backend_factory",
+}
+
+
+def _apply(name: str, module) -> None:
+    from . import attention, contract
+
+    contract.check_module(name, module)  # raises ShimContractError, naming the symbol
+    getattr(attention, PATCHED_MODULES[name])(module)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, name: str):
+        self._loader = loader
+        self._name = name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _apply(self._name, module)
+
+    def __getattr__(self, attr):  # get_source, get_filename, ... for tracebacks/inspect
+        return getattr(self._loader, attr)
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    def __init__(self, names):
+        self._names = set(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self._names:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _PatchingLoader(spec.loader, fullname)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Idempotent. Puts the sgl_kernel stub first and arms the post-import patches."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    if STUBS_DIR not in sys.path:
+        sys.path.insert(0, STUBS_DIR)
+    stale = sys.modules.get("sgl_kernel")
+    if stale is not None and not getattr(stale, "HVD_CPU_TEST_STUB", False):
+        raise RuntimeError("hvd_cpu_shims.install(): the real sgl_kernel was imported before the stub could be installed")
+    names = list(PATCHED_MODULES)
+    for name in names:
+        if name in sys.modules:  # imported before us (not the sitecustomize path)
+            _apply(name, sys.modules[name])
+    sys.meta_path.insert(0, _PostImportHook([n for n in names if n not in sys.modules]))
