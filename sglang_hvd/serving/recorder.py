@@ -1,0 +1,72 @@
+"""Trace recording off the decode path: a bounded queue and a background writer thread.
+
+``record()`` never blocks: when the queue is full the record is dropped and counted
+(``num_dropped``), because a slow disk must not slow decoding. The writer appends JSON
+lines (``.gz`` gets one gzip member per flush, which readers handle), flushing at least
+every ``flush_s`` seconds and on ``close()``, which an atexit hook also calls.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gzip
+import logging
+import queue
+import threading
+
+from ..jsonl import dump_line
+from ..trace import TraceRecord
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class TraceRecorder:
+    def __init__(self, path: str, max_queue: int = 4096, flush_s: float = 2.0):
+        self.path = path
+        self.num_written = 0
+        self.num_dropped = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._flush_s = flush_s
+        # Open now: an unwritable path is an error at start-up, not a silent loss later.
+        self._file = gzip.open(path, "at", encoding="utf-8") if path.endswith(".gz") else open(path, "a", encoding="utf-8")
+        self._thread = threading.Thread(target=self._run, name="hvd-trace-recorder", daemon=True)
+        self._thread.start()
+        self._closed = False
+        atexit.register(self.close)
+
+    def record(self, record: TraceRecord) -> bool:
+        """Queue a record; False (and counted) if the queue is full."""
+        try:
+            self._queue.put_nowait(record)
+            return True
+        except queue.Full:
+            self.num_dropped += 1
+            if self.num_dropped == 1 or self.num_dropped % 1000 == 0:
+                log.warning("HVD trace recorder queue full: %d record(s) dropped so far", self.num_dropped)
+            return False
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=self._flush_s)
+            except queue.Empty:
+                self._file.flush()
+                continue
+            if item is _STOP:
+                break
+            try:
+                self._file.write(dump_line(item.to_json()))
+                self.num_written += 1
+            except Exception:  # a record that cannot be serialised must not kill the writer
+                log.exception("HVD trace recorder: could not write a record")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Write everything queued, then close the file (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=30)
+        self._file.close()

@@ -1,0 +1,245 @@
+"""Start and stop a real SGLang 0.5.23 server on the CPU, for tests.
+
+``start_server(model_dir, extra_args=[...], env={...})`` runs
+``python -m sglang.launch_server`` (with the SGLang virtualenv's Python) on
+127.0.0.1 and a free port, with the CPU engine switched on and the test shims of
+``tests/sglang_cpu/stubs`` installed in every process (``site/sitecustomize.py`` on
+``PYTHONPATH`` plus ``HVD_TEST_SGLANG_CPU=1``). It waits for ``/health`` and returns
+an ``SGLangServer``; ``stop()`` kills the server's process group.
+
+Only the standard library is used here, so this module imports anywhere.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SITE_DIR = os.path.join(HERE, "site")
+STUBS_DIR = os.path.join(HERE, "stubs")
+SGLANG_PYTHON = os.environ.get("HVD_SGLANG_PYTHON", "/work/sgl-venv/bin/python")
+
+# Always on: the CPU engine with torch_native attention, no CUDA graphs, float32,
+# a small KV pool (without --max-total-tokens the pool reserves ~14 GB of RAM).
+BASE_ARGS = [
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--dtype", "float32",
+    "--max-total-tokens", "4096",
+    "--max-running-requests", "16",
+    "--mem-fraction-static", "0.05",
+    "--disable-overlap-schedule",
+    "--skip-server-warmup",
+    "--random-seed", "0",
+    "--log-level", "info",
+]
+BASE_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HVD_TEST_SGLANG_CPU": "1",
+    # one torch.compile'd speculative helper would spend ~20 s in Inductor
+    "TORCHDYNAMO_DISABLE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+def eagle3_args(draft_dir: str, *, topk: int = 1, steps: int = 3, draft_tokens: int | None = None) -> list[str]:
+    """Server arguments for EAGLE3 with ``draft_dir`` (``draft_tokens`` defaults to
+    ``steps + 1``, what topk 1 requires)."""
+    return [
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", draft_dir,
+        "--speculative-eagle-topk", str(topk),
+        "--speculative-num-steps", str(steps),
+        "--speculative-num-draft-tokens", str(draft_tokens if draft_tokens is not None else steps + 1),
+    ]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def _tail(path: str, lines: int = 60) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+@dataclasses.dataclass
+class SGLangServer:
+    url: str
+    pid: int
+    log_path: str
+    args: list[str]
+    process: subprocess.Popen | None = dataclasses.field(default=None, repr=False)
+    start_seconds: float = 0.0
+
+    # ----------------------------------------------------------------- requests
+
+    def request(self, path: str, payload: dict | None = None, timeout: float = 300.0):
+        """GET (no payload) or POST JSON to ``path``; returns the decoded JSON."""
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{path} -> HTTP {exc.code}: {exc.read()[:2000]!r}\n--- server log tail ---\n{self.log_tail()}") from exc
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise RuntimeError(f"{path} failed: {exc}\n--- server log tail ---\n{self.log_tail()}") from exc
+        try:
+            return json.loads(body)
+        except ValueError:
+            return body.decode(errors="replace")
+
+    def generate(self, *, input_ids: list[int] | None = None, text: str | None = None, max_new_tokens: int = 48,
+                 sampling_params: dict | None = None, timeout: float = 300.0, **extra) -> dict:
+        """SGLang's native ``/generate``, greedy by default (temperature 0, EOS ignored,
+        so every request yields exactly ``max_new_tokens``)."""
+        params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+        params.update(sampling_params or {})
+        payload = {"sampling_params": params, **extra}
+        if input_ids is not None:
+            payload["input_ids"] = list(input_ids)
+        if text is not None:
+            payload["text"] = text
+        return self.request("/generate", payload, timeout=timeout)
+
+    def generate_many(self, requests: list[dict], max_workers: int | None = None) -> list[dict]:
+        """Send ``generate(**r)`` for every ``r`` at once (so the server batches them)."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers or len(requests) or 1) as pool:
+            return list(pool.map(lambda r: self.generate(**r), requests))
+
+    def server_info(self) -> dict:
+        return self.request("/get_server_info")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError):
+            return False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def log_tail(self, lines: int = 60) -> str:
+        return _tail(self.log_path, lines)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL whatever is left of it."""
+        if self.process is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                break
+            if self._wait_group_gone(wait):
+                break
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.process = None
+
+    def _wait_group_gone(self, timeout: float) -> bool:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            self.process.poll()  # reap the leader, or it lingers as a zombie in the group
+            try:
+                os.killpg(self.pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def server_env(extra_env: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update(BASE_ENV)
+    paths = [SITE_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra_env or {})
+    return env
+
+
+def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict | None = None, *,
+                 startup_timeout: float = 240.0, log_dir: str | None = None, port: int | None = None,
+                 base_args: list[str] | None = None, python: str = SGLANG_PYTHON) -> SGLangServer:
+    """Launch ``sglang.launch_server`` for ``model_dir`` and wait until ``/health`` is OK.
+
+    ``extra_args`` come after ``BASE_ARGS`` (argparse: a repeated flag wins last);
+    ``env`` is added to the environment (after ``BASE_ENV``). On failure to become
+    healthy within ``startup_timeout`` the server is killed and ``ServerStartError``
+    carries the command and the log tail.
+    """
+    port = port or free_port()
+    args = [python, "-m", "sglang.launch_server", "--model-path", model_dir, "--host", "127.0.0.1", "--port", str(port),
+            *(BASE_ARGS if base_args is None else base_args), *(extra_args or [])]
+    log_dir = log_dir or tempfile.mkdtemp(prefix="sglang_cpu_")
+    log_path = os.path.join(log_dir, f"server_{port}.log")
+    started = time.time()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(args) + "\n")
+        log.flush()
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=server_env(env), start_new_session=True,
+                                cwd=log_dir)
+    server = SGLangServer(url=f"http://127.0.0.1:{port}", pid=proc.pid, log_path=log_path, args=args, process=proc)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise ServerStartError(f"SGLang server exited with code {proc.returncode} during start-up\n"
+                                       f"command: {' '.join(args)}\n--- log tail ({log_path}) ---\n{server.log_tail(80)}")
+            if server.healthy():
+                break
+            if time.time() - started > startup_timeout:
+                raise ServerStartError(f"SGLang server not healthy after {startup_timeout:.0f} s\n"
+                                       f"command: {' '.join(args)}\n--- log tail ({log_path}) ---\n{server.log_tail(80)}")
+            time.sleep(1.0)
+    except BaseException:
+        server.stop()
+        raise
+    server.start_seconds = time.time() - started
+    return server
+
+
+def sglang_available(python: str = SGLANG_PYTHON) -> str | None:
+    """None when ``python`` can import sglang, else the reason it cannot."""
+    if not os.path.exists(python):
+        return f"{python} does not exist (set HVD_SGLANG_PYTHON)"
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        import importlib.util
+
+        return None if importlib.util.find_spec("sglang") else "sglang is not installed"
+    rc = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('sglang') is None)"],
+                        capture_output=True).returncode
+    return None if rc == 0 else f"sglang is not importable by {python}"
