@@ -1,0 +1,52 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``, name ``hvd``).
+
+SGLang calls ``register()`` with no arguments in the launcher and in every spawned
+process. It does nothing unless SGLANG_HVD_ENABLE=1; then it checks the sglang version
+and installs one AROUND hook on ``SpeculativeAlgorithm.create_worker`` that returns the
+HVD worker class for EAGLE3 (after checking the server settings). Idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("sglang_hvd")
+_registered = False
+TARGET = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
+
+
+def create_worker_hook(original, algorithm, server_args, *args, **kwargs):
+    cls = original(algorithm, server_args, *args, **kwargs)
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    if not (algorithm.is_eagle3() and cls is EAGLEWorkerV2):
+        return cls
+    from sglang_hvd.serving.config import HVDServingConfig
+
+    from .checks import check_server_args, check_sglang_version
+
+    # Raised here, not in register(): SGLang logs and ignores plugin exceptions, but an
+    # error while creating the worker stops the server with this message.
+    check_sglang_version(HVDServingConfig.from_env())
+    check_server_args(server_args)
+    from .worker import HVDEagleWorkerV2
+
+    return HVDEagleWorkerV2
+
+
+def register() -> bool:
+    """Install the hook when HVD is enabled; returns whether it (already) is installed."""
+    global _registered
+    if _registered:
+        return True
+    from sglang_hvd.serving.config import HVDServingConfig
+
+    config = HVDServingConfig.from_env()
+    if not config.enable:
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(TARGET, create_worker_hook, HookType.AROUND)
+    _registered = True
+    log.info("HVD plugin registered (gate %s)", config.gate)
+    return True
