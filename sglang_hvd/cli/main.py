@@ -15,6 +15,7 @@ from .. import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("sglang_hvd.cli.synth", "write the embedded synthetic agentic workload (conversations + tokenizer)"),
     "import": ("sglang_hvd.cli.import_traces", "turn chat conversations (OpenAI JSONL) into token traces"),
+    "collect": ("sglang_hvd.cli.collect", "gather token traces from a running SGLang server (your own model)"),
     "stats": ("sglang_hvd.cli.stats", "sizes and repetition profile of token traces, per source"),
     "replay": ("sglang_hvd.cli.replay", "replay traces through the cache drafter; compare verify policies"),
     "train": ("sglang_hvd.cli.train", "train the payoff gate by trace replay; export it to ONNX (needs the train extra)"),

@@ -1,0 +1,81 @@
+"""``hvd collect --server URL CONVERSATIONS... --tokenizer DIR -o TRACES``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..collect import Client, CollectOptions, ServerUnreachable, collect, iter_jobs
+from ..conversation import iter_conversations
+from ..errors import HvdInputError
+from ..importer import THINKING_MODES, ImportOptions
+from ..jsonl import write_json
+from ..report import format_table, progress
+from ..tokenizer import ChatTokenizer
+from ..trace import check_path_writable
+from .common import add_json_flag, cli_entry, positive_int
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hvd collect",
+        description=(
+            "Gather token traces from your own target model: every assistant turn of the conversations is "
+            "rendered as `hvd import` renders it and sent as token ids to a running SGLang server's /generate "
+            "at temperature 0; the generated token ids become the trace's output. Bounded concurrency, retries "
+            "with backoff; records are appended to TRACES.partial as they complete, and rerunning the same "
+            "command resumes without duplicating any. TRACES appears when every request succeeded."
+        ),
+    )
+    p.add_argument("conversations", nargs="+", metavar="CONVERSATIONS", help="conversation files (JSON Lines)")
+    p.add_argument("--server", required=True, metavar="URL", help="SGLang server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--tokenizer", required=True, metavar="DIR", help="the served model's tokenizer folder")
+    p.add_argument("-o", "--output", required=True, metavar="TRACES", help="trace file to write (.jsonl)")
+    p.add_argument("--concurrency", type=positive_int, default=8, help="requests in flight (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=2048, help="generation limit per request (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before a retry (default: %(default)s)")
+    p.add_argument("--retries", type=int, default=5, help="retries per request, with exponential backoff (default: %(default)s)")
+    p.add_argument("--thinking", choices=THINKING_MODES, default="auto", help="template thinking mode, as in hvd import (default: %(default)s)")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N conversations of each file")
+    add_json_flag(p)
+    return p
+
+
+@cli_entry("collect", build_parser)
+def main(args: argparse.Namespace) -> int:
+    if args.output.endswith(".gz"):
+        raise HvdInputError("-o: collect appends as it goes; write a plain .jsonl (compress it afterwards)")
+    if os.path.exists(args.output):
+        raise HvdInputError(f"{args.output}: exists; choose another path or remove it")
+    check_path_writable(args.output)
+    tokenizer = ChatTokenizer(args.tokenizer)
+    options = CollectOptions(concurrency=args.concurrency, max_new_tokens=args.max_new_tokens, timeout_s=args.timeout,
+                             retries=args.retries)
+    convs, taken = [], {}
+    for path, _, conv in iter_conversations(args.conversations):
+        if args.limit and taken.get(path, 0) >= args.limit:
+            continue
+        taken[path] = taken.get(path, 0) + 1
+        convs.append(conv)
+    total = sum(c.num_assistant_turns for c in convs)
+    jobs = iter_jobs(convs, tokenizer, ImportOptions(thinking=args.thinking))
+    with progress(total=total, desc="collect", unit="req") as bar:
+        try:
+            result = collect(jobs, Client(args.server, options), tokenizer, args.output, options,
+                             on_done=lambda: bar.update(1))
+        except ServerUnreachable as e:
+            raise HvdInputError(f"{e}; what was collected is kept in {args.output}.partial: rerun the same command "
+                                "to resume") from None
+    rows = [("collected now", result.collected), ("already collected (resumed)", result.resumed),
+            ("failed", len(result.failed)), ("output tokens", result.output_tokens)]
+    print(format_table(["requests", "count"], rows))
+    for line in result.failed[:5]:
+        print(f"failed: {line}")
+    if result.failed:
+        print(f"{len(result.failed)} request(s) failed; {args.output}.partial keeps the rest. Rerun to retry them.")
+    else:
+        print(f"wrote {args.output}")
+    if args.json:
+        write_json(args.json, {"collected": result.collected, "resumed": result.resumed, "failed": result.failed,
+                               "output_tokens": result.output_tokens})
+    return 1 if result.failed else 0
