@@ -1,9 +1,10 @@
 """SGLang plugin entry point (group ``sglang.srt.plugins``, name ``hvd``).
 
 SGLang calls ``register()`` with no arguments in the launcher and in every spawned
-process. It does nothing unless SGLANG_HVD_ENABLE=1; then it checks the sglang version
-and installs one AROUND hook on ``SpeculativeAlgorithm.create_worker`` that returns the
-HVD worker class for EAGLE3 (after checking the server settings). Idempotent.
+process. It does nothing unless SGLANG_HVD_ENABLE=1; then it installs one AROUND hook on
+``SpeculativeAlgorithm.create_worker`` that returns the HVD worker class for EAGLE3 (after
+checking the sglang version and the server settings), and one AFTER hook that adds the
+worker's HVD statistics to ``/server_info``. Idempotent.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import logging
 log = logging.getLogger("sglang_hvd")
 _registered = False
 TARGET = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
+# /server_info's internal state gains an "hvd" block (verify counts, pick rate, CPU time).
+STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
+                "SchedulerInternalStateController._add_speculative")
 
 
 def create_worker_hook(original, algorithm, server_args, *args, **kwargs):
@@ -34,6 +38,13 @@ def create_worker_hook(original, algorithm, server_args, *args, **kwargs):
     return HVDEagleWorkerV2
 
 
+def add_hvd_state(result, controller, state, *args, **kwargs):
+    worker = getattr(getattr(controller, "scheduler", None), "draft_worker", None)
+    if hasattr(worker, "hvd_stats"):
+        state["hvd"] = worker.hvd_stats()
+    return result
+
+
 def register() -> bool:
     """Install the hook when HVD is enabled; returns whether it (already) is installed."""
     global _registered
@@ -47,6 +58,7 @@ def register() -> bool:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, create_worker_hook, HookType.AROUND)
+    HookRegistry.register(STATE_TARGET, add_hvd_state, HookType.AFTER)
     _registered = True
     log.info("HVD plugin registered (gate %s)", config.gate)
     return True

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Compare EAGLE3, cache-only and HVD on the same requests (NOT RUN HERE: needs a GPU).
+#
+#   GATE=gate CONVERSATIONS=convs.jsonl TOKENIZER=tok_dir bash launch/bench_modes.sh
+#
+# For each mode it starts launch/serve_qwen3_8b.sh, sends every assistant turn of
+# CONVERSATIONS through `hvd collect` (temperature 0, CONCURRENCY requests in flight),
+# and prints wall time, output tokens/s and SGLang's mean accept length from /server_info:
+#   eagle3      --hvd-disable (plain SGLang EAGLE3)
+#   cache_only  --hvd-threshold -1 (every non-empty cache draft is verified: SuffixDecoding)
+#   hvd         the gate's calibrated threshold
+set -euo pipefail
+: "${GATE:?}" "${CONVERSATIONS:?}" "${TOKENIZER:?}"
+PORT=${PORT:-30000}
+CONCURRENCY=${CONCURRENCY:-16}
+OUT=${OUT:-bench-out}
+mkdir -p "$OUT"
+for mode in eagle3 cache_only hvd; do
+  case $mode in
+    eagle3) extra=(--hvd-disable) ;;
+    cache_only) extra=(--hvd-threshold -1) ;;
+    hvd) extra=() ;;
+  esac
+  GATE=$GATE PORT=$PORT bash "$(dirname "$0")/serve_qwen3_8b.sh" "${extra[@]}" > "$OUT/server-$mode.log" 2>&1 &
+  pid=$!
+  until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do sleep 5; done
+  start=$(date +%s.%N)
+  hvd collect "$CONVERSATIONS" --server "http://127.0.0.1:$PORT" --tokenizer "$TOKENIZER" \
+      -o "$OUT/traces-$mode.jsonl" --concurrency "$CONCURRENCY" --json "$OUT/collect-$mode.json" > /dev/null
+  end=$(date +%s.%N)
+  curl -s "http://127.0.0.1:$PORT/server_info" > "$OUT/server-info-$mode.json"
+  python - "$mode" "$start" "$end" "$OUT" <<'PY'
+import json, sys
+mode, start, end, out = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+c = json.load(open(f"{out}/collect-{mode}.json"))
+info = json.load(open(f"{out}/server-info-{mode}.json"))
+acc = [(s.get("avg_spec_accept_length"), s.get("hvd", {}).get("cache_pick_rate")) for s in info.get("internal_states", []) if isinstance(s, dict)]
+print(f"{mode:10s} {end - start:8.1f} s  {c['output_tokens'] / (end - start):9.1f} output tok/s  (accept length, HVD cache pick rate) {acc}")
+PY
+  kill "$pid"; wait "$pid" || true
+done
