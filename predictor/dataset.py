@@ -37,6 +37,7 @@ class _Recorder:
     """Wraps a behaviour policy: records the feature row and label of every draft it sees."""
 
     needs_draft = True
+    needs_history = True
 
     def __init__(self, inner, sink: list):
         self.inner, self.sink, self.name = inner, sink, f"behaviour:{inner.name}"

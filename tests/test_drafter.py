@@ -249,3 +249,27 @@ def test_native_equals_python_on_dev_traces(shared_traces):
     native, python = _dense_drafts("native", records, config), _dense_drafts("python", records, config)
     assert len(native) == sum(len(r.output_ids) for r in records)
     assert native == python
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+@settings(max_examples=40, deadline=None)
+@given(base=st.lists(tokens, min_size=300, max_size=400), turns=st.lists(
+    st.tuples(st.integers(0, 40), st.lists(tokens, min_size=1, max_size=30), st.lists(tokens, min_size=1, max_size=12)),
+    min_size=2, max_size=5))
+def test_multi_turn_prompts_sharing_a_prefix_draft_like_the_reference(name, base, turns):
+    """Each turn re-sends the previous context (minus a few tail tokens) plus new text, the
+    shape of agentic conversations; a drafter may reuse its index of the shared prefix."""
+    config = DrafterConfig(max_depth=10, max_spec_tokens=6)
+    real, naive = create_drafter(name, config), NaiveDrafter(config)
+    context = list(base)
+    for t, (cut, new, output) in enumerate(turns):
+        prompt = context[: max(1, len(context) - cut)] + new
+        for d in (real, naive):
+            d.start_request(f"t{t}", prompt)
+        for tok in output:
+            assert real.speculate(f"t{t}") == naive.speculate(f"t{t}")
+            for d in (real, naive):
+                d.append(f"t{t}", [tok])
+        for d in (real, naive):
+            d.finish_request(f"t{t}")
+        context = prompt + output

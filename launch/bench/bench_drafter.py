@@ -5,7 +5,8 @@ Prints, for each depth (default 24 and 64), on the given token traces:
   median time to draft a batch of 32 running requests,
   prompt indexing time (start_request) for the longest prompts, bytes per cached token,
   dense draft quality (mean accept_len of non-empty drafts), cache_only cycles per 1k,
-  and serving-mode replay throughput (output tokens/s, all baseline policies).
+  dense replay throughput (a draft at every position, timed calls included) and serving-mode
+  replay throughput (output tokens/s, all baseline policies walked together).
 With --arctic, the same walk runs through arctic-inference's SuffixDecodingCache (via
 launch/bench/arctic_adapter.py) in the same process, side by side.
 
@@ -36,6 +37,7 @@ def dense_walk(records, drafter):
     """Draft at every position; time every call. Returns a dict of measurements."""
     spec_ns, append_ns, start = [], [], []
     accepted, drafts = 0, 0
+    began = time.perf_counter()
     for r in records:
         t = time.perf_counter_ns()
         drafter.start_request(r.req_id, r.prompt_ids)
@@ -52,6 +54,7 @@ def dense_walk(records, drafter):
             drafter.append(r.req_id, out[pos : pos + 1])
             append_ns.append(time.perf_counter_ns() - t)
         drafter.finish_request(r.req_id)
+    seconds = time.perf_counter() - began
     spec, app = np.array(spec_ns) / 1e3, np.array(append_ns) / 1e3
     start.sort()
     longest = start[-max(1, len(start) // 20) :]  # the 5% longest prompts
@@ -61,6 +64,7 @@ def dense_walk(records, drafter):
         "index_us_per_1k_prompt_tokens": float(np.mean([ns / 1e3 / max(n, 1) * 1000 for n, ns in longest])),
         "longest_prompt_tokens": longest[-1][0], "longest_prompt_index_ms": longest[-1][1] / 1e6,
         "mean_accept_len": accepted / max(drafts, 1), "positions": len(spec_ns),
+        "dense_positions_per_s": len(spec_ns) / seconds,
         "memory": drafter.memory_stats(),
     }
 
@@ -121,10 +125,10 @@ def main(argv=None) -> int:
             mem = d["memory"]
             rows.append((f"{name} depth {depth}", d["speculate_med_us"], d["speculate_p99_us"], d["append_med_us"], d["append_p99_us"],
                          batch_us, d["longest_prompt_index_ms"], mem.get("bytes_per_token", float("nan")), d["mean_accept_len"],
-                         s["cache_only_cycles_per_1k"], s["tokens_per_s"]))
+                         s["cache_only_cycles_per_1k"], d["dense_positions_per_s"], s["tokens_per_s"]))
             print(f"done: {name} depth {depth}", file=sys.stderr)
     header = ("drafter", "spec med us", "spec p99 us", "append med us", "append p99 us", "batch of 32 us", "index longest prompt ms",
-              "bytes/cached tok", "mean accept", "cache_only cyc/1k", "replay tok/s")
+              "bytes/cached tok", "mean accept", "cache_only cyc/1k", "dense replay pos/s", "serving replay tok/s")
     print(format_table(header, rows))
     return 0
 

@@ -90,7 +90,11 @@ class NativeDrafter:
         self._core.start(h, _tokens(prompt_ids))
 
     def append(self, req_id: str, token_ids) -> None:
-        self._core.append(self._running(req_id), _tokens(token_ids))
+        h = self._running(req_id)
+        if isinstance(token_ids, list) and len(token_ids) == 1:  # the per-token fast path
+            self._core.append_one(h, token_ids[0])
+        else:
+            self._core.append(h, _tokens(token_ids))
 
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None:
         """Append each request's emitted tokens in one call (GIL released)."""
@@ -105,10 +109,10 @@ class NativeDrafter:
 
     def speculate(self, req_id: str) -> Draft:
         tokens, probs, counts, score, match_len, match_count, tree = self._core.speculate(self._running(req_id))
-        if not len(tokens):
+        if not tokens:
             return Draft()
-        return Draft(tokens=tuple(tokens.tolist()), probs=tuple(probs.tolist()), child_counts=tuple(counts.tolist()),
-                     score=score, match_len=match_len, match_count=match_count, tree=_TREES[tree])
+        return Draft(tokens=tokens, probs=probs, child_counts=counts, score=score, match_len=match_len,
+                     match_count=match_count, tree=_TREES[tree])
 
     def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]:
         """Drafts of a decode batch as arrays (GIL released): tokens/probs/child_counts
@@ -138,11 +142,12 @@ class NativeDrafter:
         nbytes = self._core.nbytes()
         return {"global_tokens": float(cached), "local_tokens": float(local), "bytes": float(nbytes),
                 "bytes_per_token": nbytes / max(1, cached + local), "evicted_responses": float(self._core.evicted()),
-                "compactions": float(self._core.compactions())}
+                "compactions": float(self._core.compactions()),
+                "reused_prompt_tokens": float(self._core.reused_prompt_tokens())}
 
     def _running(self, req_id: str) -> int:
-        h = self._handle(req_id)
-        if not self._core.is_running(h):
+        h = self._handles.get(req_id)
+        if h is None or not self._core.is_running(h):
             raise KeyError(f"request {req_id!r} is not running (start_request first)")
         return h
 

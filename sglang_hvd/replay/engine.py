@@ -32,13 +32,13 @@ from .acceptance import Eagle3Acceptance
 from .policies import CACHE, EAGLE3, GREEDY, Policy, StepView
 
 
-def accept_len(draft_tokens: Sequence[int], continuation: np.ndarray) -> int:
-    """Longest common prefix of a draft and the true continuation (greedy verify)."""
-    n = min(len(draft_tokens), len(continuation))
-    if n == 0:
-        return 0
-    same = np.asarray(draft_tokens[:n], dtype=np.int64) == continuation[:n]
-    return n if same.all() else int(same.argmin())
+def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: int = 0) -> int:
+    """Longest common prefix of a draft and the true continuation[start:] (greedy verify)."""
+    n = min(len(draft_tokens), len(continuation) - start)
+    k = 0
+    while k < n and draft_tokens[k] == continuation[start + k]:
+        k += 1
+    return k
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,6 +61,9 @@ class ServingStep:
     out_len: int  # tokens this verify emitted
 
 
+_NO_HISTORY = RequestHistory()  # shown to policies that do not keep one (never updated)
+
+
 class ReconstructionError(AssertionError):
     """The drafter's view of a request differs from the trace: a drafter bookkeeping bug."""
 
@@ -78,13 +81,13 @@ def _finish(drafter: Drafter, record: TraceRecord, fed: int) -> None:
 def iter_dense(records: Iterable[TraceRecord], drafter: Drafter) -> Iterator[DenseStep]:
     """One labelled draft per output position of every request, in trace order."""
     for record in records:
-        out = record.output_ids
+        out = record.output_ids.tolist()
         drafter.start_request(record.req_id, record.prompt_ids)
         for pos in range(len(out)):
             if pos:
                 drafter.append(record.req_id, out[pos - 1 : pos])
             draft = drafter.speculate(record.req_id)
-            yield DenseStep(record, pos, draft, accept_len(draft.tokens, out[pos:]))
+            yield DenseStep(record, pos, draft, accept_len(draft.tokens, out, pos))
         _finish(drafter, record, max(len(out) - 1, 0))
 
 
@@ -97,10 +100,12 @@ def iter_serving(
     """Every verify step of every policy, request by request, positions ascending."""
     for record in records:
         out = record.output_ids
+        out_list = out.tolist()
         n = len(out)
         drafter.start_request(record.req_id, record.prompt_ids)
         streams = [acceptance.stream(record.req_id) for _ in policies]
-        histories = [RequestHistory() for _ in policies]
+        # Only policies that read the history (the gate) pay for keeping it.
+        histories = [RequestHistory() if getattr(p, "needs_history", False) else None for p in policies]
         context = np.concatenate([record.prompt_ids[-TAIL_TOKENS:], out])
         shift = min(len(record.prompt_ids), TAIL_TOKENS)
         heap = [(0, i) for i in range(len(policies))]
@@ -110,16 +115,16 @@ def iter_serving(
             pos, i = heapq.heappop(heap)
             policy = policies[i]
             if policy.needs_draft and draft_pos != pos:
-                drafter.append(record.req_id, out[fed:pos])
+                drafter.append(record.req_id, out_list[fed:pos])
                 fed = pos
                 draft = drafter.speculate(record.req_id)
-                draft_pos, label = pos, accept_len(draft.tokens, out[pos:])
+                draft_pos, label = pos, accept_len(draft.tokens, out_list, pos)
             history = histories[i]
             view = StepView(
                 req_id=record.req_id, source=record.source, pos=pos, num_prompt_tokens=len(record.prompt_ids),
                 draft=draft if policy.needs_draft else EMPTY_DRAFT,
                 tail=context[max(0, pos + shift - TAIL_TOKENS) : pos + shift],
-                history=history,
+                history=history if history is not None else _NO_HISTORY,
                 oracle_accept_len=label if policy.needs_draft else 0,
             )
             choice = policy.decide(view)
@@ -132,9 +137,9 @@ def iter_serving(
             else:
                 raise ValueError(f"policy {policy.name!r} returned {choice!r}; expected cache, eagle3 or greedy")
             out_len = min(out_len, n - pos)
-            if policy.needs_draft:
+            if history is not None:
                 history.record(pos, view.draft)
-                history.observe(out[pos : pos + out_len].tolist())
+                history.observe(out_list[pos : pos + out_len])
             yield ServingStep(record.req_id, record.source, policy.name, pos, choice, view.draft, view.oracle_accept_len, out_len)
             if pos + out_len < n:
                 heapq.heappush(heap, (pos + out_len, i))

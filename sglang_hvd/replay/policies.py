@@ -43,7 +43,9 @@ class StepView:
 
 class Policy(Protocol):
     name: str
-    needs_draft: ClassVar[bool]
+    needs_draft: ClassVar[bool]  # replay drafts where this policy stands
+    # (optional) needs_history: ClassVar[bool]: replay keeps a RequestHistory for it
+
 
     def decide(self, view: StepView) -> str: ...
 
@@ -106,6 +108,7 @@ class GatePolicy:
     """
 
     needs_draft = True
+    needs_history = True
 
     def __init__(self, gate, threshold: float | None = None, name: str = "hvd"):
         self.gate = gate

@@ -24,7 +24,8 @@ Two kinds of weights:
     ``EAGLE_AUX_LAYER_IDS``), scaled so the draft state is ``M * e_i`` for
     predecessor ``c_i``; attention output is zero; the MLP is a lookup table over
     the ``K`` states that adds ``M * (e_{i+1} - e_i)``; so each draft step advances
-    the state by one, and ``lm_head`` row ``c_{j+1}`` is ``L * e_j``. Starting from
+    the state by one, and ``lm_head`` row ``c_{j+1}`` is ``L * e_j`` (row ``c_{j+2}``
+    gets ``second_choice * L * e_j``: the runner-up a topk-2 tree adds). Starting from
     the target's hidden state at token ``c_i``, the draft proposes c_{i+2}, c_{i+3}...
     which is what the target produces when no noise flips it.
 """
@@ -196,7 +197,7 @@ def write_random_draft(out_dir: str, target_dir: str, seed: int = 1) -> str:
 # -------------------------------------------------------------------------- cycle
 
 
-def write_cycle_target(out_dir: str, arch: str = "qwen3", seed: int = 0, attn_noise: float = 0.5,
+def write_cycle_target(out_dir: str, arch: str = "qwen3", seed: int = 0, attn_noise: float = 0.4,
                        logit_scale: float = 10.0, **config_kwargs) -> str:
     """The target of the cycle pair (see the module doc); ``attn_noise=0`` makes it
     context-free (it then walks the cycle exactly)."""
@@ -232,7 +233,7 @@ def write_cycle_target(out_dir: str, arch: str = "qwen3", seed: int = 0, attn_no
 
 
 def write_cycle_draft(out_dir: str, target_dir: str, seed: int = 1, state_scale: float = 4.0,
-                      logit_scale: float = 10.0) -> str:
+                      logit_scale: float = 10.0, second_choice: float = 0.5) -> str:
     """The draft of the cycle pair (see the module doc)."""
     with open(os.path.join(target_dir, "config.json")) as f:
         cfg = draft_config(json.load(f), intermediate=len(CYCLE_TOKENS))
@@ -254,6 +255,9 @@ def write_cycle_draft(out_dir: str, target_dir: str, seed: int = 1, state_scale:
     lm_head = np.zeros((v, h))
     for i in range(k):
         lm_head[CYCLE_TOKENS[(i + 1) % k], i] = logit_scale
+        # second choice: skip one token (the target's noise often does), so a topk-2
+        # tree sometimes accepts a sibling branch
+        lm_head[CYCLE_TOKENS[(i + 2) % k], i] = second_choice * logit_scale
     tensors = {"fc.weight": fc, "norm.weight": np.ones(h), "lm_head.weight": lm_head,
                "layers.0.hidden_norm.weight": np.ones(h)}
     shapes = _layer_shapes(cfg, "layers.0.", 2 * h)

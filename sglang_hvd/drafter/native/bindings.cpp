@@ -15,10 +15,14 @@ using I32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 static py::tuple draft_tuple(const Draft& d) {
-    return py::make_tuple(py::array_t<int32_t>(d.tokens.size(), d.tokens.data()),
-                          py::array_t<double>(d.probs.size(), d.probs.data()),
-                          py::array_t<int64_t>(d.child_counts.size(), d.child_counts.data()), d.score, d.match_len,
-                          d.match_count, d.tree);
+    // Plain Python tuples: one request's draft is short, and replay builds a Draft from them.
+    py::tuple tokens(d.tokens.size()), probs(d.probs.size()), counts(d.child_counts.size());
+    for (size_t i = 0; i < d.tokens.size(); ++i) {
+        tokens[i] = py::int_(d.tokens[i]);
+        probs[i] = py::float_(d.probs[i]);
+        counts[i] = py::int_(d.child_counts[i]);
+    }
+    return py::make_tuple(tokens, probs, counts, d.score, d.match_len, d.match_count, d.tree);
 }
 
 PYBIND11_MODULE(_native, m) {
@@ -47,6 +51,10 @@ PYBIND11_MODULE(_native, m) {
             auto t = tokens.unchecked<1>();
             py::gil_scoped_release nogil;
             s.append(req, t.data(0), t.shape(0));
+        })
+        .def("append_one", [](SuffixDrafter& s, int64_t req, int32_t token) {
+            if (token < 0) throw std::invalid_argument("token ids must be non-negative");
+            s.append(req, &token, 1);
         })
         .def("append_batch",
              [](SuffixDrafter& s, I64 reqs, I64 offsets, I32 tokens) {
@@ -126,5 +134,6 @@ PYBIND11_MODULE(_native, m) {
         .def("local_tokens", &SuffixDrafter::local_tokens)
         .def("nbytes", &SuffixDrafter::nbytes)
         .def("evicted", &SuffixDrafter::evicted)
-        .def("compactions", &SuffixDrafter::compactions);
+        .def("compactions", &SuffixDrafter::compactions)
+        .def("reused_prompt_tokens", &SuffixDrafter::reused_prompt_tokens);
 }

@@ -19,6 +19,7 @@ public:
 
     void reset() {
         local_.clear();
+        recent_.clear();
         global_ = Index(cfg_.max_depth);
         finished_.clear();
         finished_set_.clear();
@@ -32,9 +33,7 @@ public:
             finished_.erase(std::find(finished_.begin(), finished_.end(), req));
             global_.remove_doc(req);
         }
-        auto ix = std::make_unique<Index>(cfg_.max_depth);
-        ix->add_doc(0, prompt, n, 256);
-        local_[req] = std::move(ix);
+        local_[req] = local_index_for(prompt, n);
         global_.add_doc(req, nullptr, 0, 64);
     }
 
@@ -46,6 +45,10 @@ public:
 
     void finish(int64_t req) {
         running(req);
+        // Keep the request's own index for a while: the next turn of the same conversation
+        // re-sends this context as its prompt prefix, and re-indexing it is the main cost.
+        recent_.push_front(std::move(local_[req]));
+        if (recent_.size() > kRecentIndexes) recent_.pop_back();
         local_.erase(req);
         finished_.push_back(req);
         finished_set_.insert(req);
@@ -84,7 +87,37 @@ public:
     int64_t compactions() const { return global_.num_compactions(); }
     const Config& config() const { return cfg_; }
 
+    int64_t reused_prompt_tokens() const { return reused_tokens_; }
+
 private:
+    static constexpr size_t kRecentIndexes = 16;
+
+    // A request's own index: a recently finished one sharing a long prefix with the prompt,
+    // cut back to that prefix and extended; else a fresh one. Either holds exactly the
+    // prompt, with stamps increasing along it, so drafts are the same as from a fresh index.
+    std::unique_ptr<Index> local_index_for(const int32_t* prompt, int64_t n) {
+        size_t best = recent_.size();
+        int64_t best_lcp = 0;
+        for (size_t k = 0; k < recent_.size(); ++k) {
+            const Index::Doc& d = recent_[k]->doc(0);
+            const int32_t* old = recent_[k]->arena() + d.start;
+            int64_t m = std::min(n, d.len), l = 0;
+            while (l < m && old[l] == prompt[l]) ++l;
+            if (l > best_lcp) { best_lcp = l; best = k; }
+        }
+        if (best < recent_.size() && best_lcp >= 256 && 2 * best_lcp >= n) {
+            std::unique_ptr<Index> ix = std::move(recent_[best]);
+            recent_.erase(recent_.begin() + static_cast<std::ptrdiff_t>(best));
+            ix->truncate_doc(0, best_lcp);
+            ix->extend(0, prompt + best_lcp, n - best_lcp);
+            reused_tokens_ += best_lcp;
+            return ix;
+        }
+        auto ix = std::make_unique<Index>(cfg_.max_depth);
+        ix->add_doc(0, prompt, n, 256);
+        return ix;
+    }
+
     Index& running(int64_t req) {
         auto it = local_.find(req);
         if (it == local_.end()) throw std::out_of_range("request is not running (start_request first)");
@@ -105,6 +138,8 @@ private:
     Searcher search_;
     Index global_;
     std::unordered_map<int64_t, std::unique_ptr<Index>> local_;
+    std::deque<std::unique_ptr<Index>> recent_;  // finished requests' own indexes, newest first
+    int64_t reused_tokens_ = 0;
     std::deque<int64_t> finished_;
     std::unordered_set<int64_t> finished_set_;
     int64_t evicted_ = 0;

@@ -43,6 +43,11 @@ public:
 
     void add_doc(int64_t doc, const int32_t* tokens, int64_t n, int64_t spare) {
         if (docs_.count(doc)) throw std::invalid_argument("document already exists");
+        if (n > 1024) {  // a long prompt: size the tables once instead of rehashing as they grow
+            bigrams_.reserve(bigrams_.size() + static_cast<size_t>(n));
+            succ_.reserve(succ_.size() + static_cast<size_t>(n / 4));
+            counts_.reserve(counts_.size() + static_cast<size_t>(n / 4));
+        }
         int64_t start = reserve(n + spare + 1);
         docs_[doc] = Doc{start, 0, n + spare};
         append_tokens(docs_[doc], tokens, n);
@@ -57,6 +62,29 @@ public:
         append_tokens(docs_[doc], tokens, n);
     }
 
+    // Drop a document's tokens from position `keep` on (as if they had never been appended).
+    // Their slots will be written again, so their bigram entries must go too: they are the
+    // newest entries of their lists as long as the index holds this one document (the
+    // request's own index, the only user), so they are popped from the back.
+    void truncate_doc(int64_t doc, int64_t keep) {
+        Doc& d = docs_.at(doc);
+        if (keep >= d.len) return;
+        if (docs_.size() != 1) throw std::logic_error("truncate_doc needs a single-document index");
+        std::vector<std::pair<int32_t, int32_t>> repair;
+        const int64_t cut = d.start + keep, end = d.start + d.len;
+        for (int64_t i = cut; i < end; ++i) {
+            uncount(i, repair);
+            if (arena_[i - 1] < 0) continue;
+            auto it = bigrams_.find(bigram_key(arena_[i - 1], arena_[i]));
+            while (it != bigrams_.end() && !it->second.empty() && it->second.back() >= cut && it->second.back() < end)
+                it->second.pop_back();
+        }
+        for (int64_t i = d.start + keep; i < d.start + d.len; ++i) arena_[i] = SENTINEL;
+        repair_newest(repair);
+        num_live_ -= d.len - keep;
+        d.len = keep;
+    }
+
     int64_t remove_doc(int64_t doc) {
         auto it = docs_.find(doc);
         if (it == docs_.end()) throw std::out_of_range("unknown document");
@@ -65,30 +93,9 @@ public:
         // Counts first (they need each token's predecessor), then free the slots, then
         // repair the newest-stamp of pairs that lost their newest occurrence.
         std::vector<std::pair<int32_t, int32_t>> repair;
-        for (int64_t i = d.start; i < d.start + d.len; ++i) {
-            int32_t tok = arena_[i];
-            counts_[tok] -= 1;
-            int32_t prev = arena_[i - 1];
-            if (prev < 0) continue;
-            Successors& s = succ_[prev];
-            auto c = s.children.find(tok);
-            c->second.count -= 1;
-            s.dirty = true;
-            if (c->second.count == 0) {
-                s.children.erase(c);
-            } else if (c->second.newest == stamps_[i]) {
-                repair.emplace_back(prev, tok);
-            }
-        }
+        for (int64_t i = d.start; i < d.start + d.len; ++i) uncount(i, repair);
         for (int64_t i = d.start; i < d.start + d.len; ++i) arena_[i] = SENTINEL;
-        for (auto& [prev, tok] : repair) {
-            auto c = succ_[prev].children.find(tok);
-            if (c == succ_[prev].children.end()) continue;
-            int64_t newest = -1;
-            for (int32_t e : bigrams_[bigram_key(prev, tok)])
-                if (arena_[e] == tok && arena_[e - 1] == prev) newest = std::max(newest, stamps_[e]);
-            c->second.newest = newest;
-        }
+        repair_newest(repair);
         num_live_ -= d.len;
         dead_ += d.cap + 1;
         if (size_ > 4 * pad_ + 4096 && num_live_ < size_ / 3) compact();
@@ -151,6 +158,35 @@ private:
         int32_t best = -1;
         bool dirty = true;
     };
+
+    // Remove position i's token from the counts and successor tables (slot still holds it).
+    void uncount(int64_t i, std::vector<std::pair<int32_t, int32_t>>& repair) {
+        int32_t tok = arena_[i];
+        counts_[tok] -= 1;
+        int32_t prev = arena_[i - 1];
+        if (prev < 0) return;
+        Successors& s = succ_[prev];
+        auto c = s.children.find(tok);
+        c->second.count -= 1;
+        s.dirty = true;
+        if (c->second.count == 0) {
+            s.children.erase(c);
+        } else if (c->second.newest == stamps_[i]) {
+            repair.emplace_back(prev, tok);
+        }
+    }
+
+    // After slots were freed: recompute the newest stamp of the listed pairs.
+    void repair_newest(const std::vector<std::pair<int32_t, int32_t>>& repair) {
+        for (auto& [prev, tok] : repair) {
+            auto c = succ_[prev].children.find(tok);
+            if (c == succ_[prev].children.end()) continue;
+            int64_t newest = -1;
+            for (int32_t e : bigrams_[bigram_key(prev, tok)])
+                if (arena_[e] == tok && arena_[e - 1] == prev) newest = std::max(newest, stamps_[e]);
+            c->second.newest = newest;
+        }
+    }
 
     int64_t reserve(int64_t n) {
         if (size_ + n + pad_ > static_cast<int64_t>(arena_.size())) {

