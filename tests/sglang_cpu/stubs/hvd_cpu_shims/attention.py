@@ -96,7 +96,7 @@ def target_verify_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True
         if masks is None:
             mask[:, prefix:] = torch.ones((n, n), dtype=torch.bool, device=query.device).tril()
         else:
-            mask[:, prefix:] = masks[i]
+            mask[:, prefix:] = True  # MUTATION
         out = scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=layer.scaling, enable_gqa=use_gqa)
         o_[i * n : (i + 1) * n] = out.squeeze(0).movedim(1, 0)
     return o
