@@ -10,7 +10,7 @@ import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter
 from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, FeatureInput
-from sglang_hvd.replay.acceptance import Eagle3Acceptance
+from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.engine import iter_serving
 from sglang_hvd.replay.labelled import iter_labelled
 from sglang_hvd.replay.policies import CacheOnly, Eagle3Only, Oracle, ScoreRule
@@ -68,15 +68,18 @@ def _serving_rows(records, drafter, extractor, acceptance, bar):
         yield record, extractor(list(rows)), np.array(labels, dtype=np.int32), np.array(dlen, dtype=np.int32)
 
 
-def _dense_rows(records, drafter, extractor, bar):
+def _dense_rows(records, drafter, extractor, acceptance, bar):
     for req in iter_labelled(records, drafter, extractor):
         bar.update(len(req.record.output_ids))
-        yield req.record, req.features, req.accept_len, req.draft_len
+        labels = req.accept_len
+        if acceptance.max_cache_tokens:  # what a verify of limited width would accept
+            labels = np.minimum(labels, acceptance.max_cache_tokens)
+        yield req.record, req.features, labels, req.draft_len
 
 
 def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_config: DrafterConfig,
                   token_flags: np.ndarray, desc: str = "features", rows: str = "dense",
-                  acceptance: Eagle3Acceptance | None = None) -> Dataset:
+                  acceptance: VerifyModel | None = None) -> Dataset:
     """Replay ``records`` in order (one shared drafter) and label cache drafts.
 
     rows="dense": every non-empty draft at every output position (the paper's mode).
@@ -89,9 +92,9 @@ def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_con
     feats, labels, dlen, convs, sources = [], [], [], [], []
     with progress(total=sum(len(r.output_ids) for r in records), desc=desc, unit="tok") as bar:
         if rows == "dense":
-            stream = _dense_rows(records, drafter, extractor, bar)
+            stream = _dense_rows(records, drafter, extractor, acceptance or VerifyModel(), bar)
         else:
-            stream = _serving_rows(records, drafter, extractor, acceptance or Eagle3Acceptance(), bar)
+            stream = _serving_rows(records, drafter, extractor, acceptance or VerifyModel(), bar)
         for record, x, y, d in stream:
             feats.append(x)
             labels.append(y)

@@ -13,7 +13,7 @@ from sglang_hvd.drafter import DrafterConfig
 from sglang_hvd.drafter.native_drafter import default_drafter_name
 from sglang_hvd.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
 from sglang_hvd.gate import GATE_FORMAT_VERSION, Gate
-from sglang_hvd.replay.acceptance import Eagle3Acceptance
+from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.cost import CostModel
 from sglang_hvd.replay.metrics import HIGH_PAYOFF_ACCEPT_LEN
 from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, sweep
@@ -34,7 +34,7 @@ class TrainOptions:
     rows: str = "serving"  # which drafts become training rows: dataset.ROW_MODES
     drafter_name: str = dataclasses.field(default_factory=default_drafter_name)
     drafter: DrafterConfig = DrafterConfig()
-    acceptance: Eagle3Acceptance = Eagle3Acceptance()
+    acceptance: VerifyModel = VerifyModel()
     costs: CostModel = CostModel()
     threshold: float | None = None  # fixed threshold; None calibrates it
     gate_thresholds: tuple[float, ...] = DEFAULT_GATE_THRESHOLDS
@@ -88,7 +88,7 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
         "rule_threshold": None,
         "drafter": dataclasses.asdict(opts.drafter),
         "drafter_impl": opts.drafter_name,
-        "eagle3": dataclasses.asdict(opts.acceptance),
+        "verify_model": dataclasses.asdict(opts.acceptance),
         "costs": dataclasses.asdict(opts.costs),
         "tokenizer": {"name": tokenizer.name, "digest": tokenizer.digest},
         "model": {"hidden": list(opts.model.hidden), "loss": "mse", "epochs": fit.epochs, "best_epoch": fit.best_epoch,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conftest import shared_file
 from sglang_hvd.cli.main import main as hvd
 from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.replay.acceptance import Eagle3Acceptance
+from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.engine import ReconstructionError, accept_len, iter_dense, iter_serving
 from sglang_hvd.replay.policies import PolicyOptions, make_policies
 from sglang_hvd.replay.simulate import simulate
@@ -36,28 +36,28 @@ def test_accept_len_is_the_longest_common_prefix():
 
 
 def test_mean_acceptance_carries_the_fraction():
-    s = Eagle3Acceptance(mean_tokens_per_cycle=1.75).stream("r")
+    s = VerifyModel(mean_tokens_per_cycle=1.75).stream("r")
     assert list(itertools.islice(s, 8)) == [1, 2, 2, 2, 1, 2, 2, 2]
-    s = Eagle3Acceptance(mean_tokens_per_cycle=3.0).stream("r")
+    s = VerifyModel(mean_tokens_per_cycle=3.0).stream("r")
     assert list(itertools.islice(s, 3)) == [3, 3, 3]
 
 
 def test_distribution_draws_are_seeded_per_request():
-    acc = Eagle3Acceptance(distribution=((1, 0.5), (4, 0.5)), seed=3)
+    acc = VerifyModel(distribution=((1, 0.5), (4, 0.5)), seed=3)
     a = list(itertools.islice(acc.stream("req-a"), 50))
     assert a == list(itertools.islice(acc.stream("req-a"), 50))
     assert a != list(itertools.islice(acc.stream("req-b"), 50))
     assert set(a) == {1, 4}
-    assert Eagle3Acceptance.parse_distribution("1:0.45,2:0.3,3:0.25") == ((1, 0.45), (2, 0.3), (3, 0.25))
+    assert VerifyModel.parse_distribution("1:0.45,2:0.3,3:0.25") == ((1, 0.45), (2, 0.3), (3, 0.25))
     with pytest.raises(ValueError, match="summing to 1"):
-        Eagle3Acceptance(distribution=((1, 0.5),))
+        VerifyModel(distribution=((1, 0.5),))
 
 
 def test_serving_walk_of_cache_only_on_a_literal_trace():
     # The output repeats the prompt's "1 2 3 4 5 6 7 8", then ends with 9.
     record = rec("a", [1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 9])
     policies = make_policies(["greedy", "cache_only"], PolicyOptions())
-    steps = list(iter_serving([record], create_drafter("python"), policies, Eagle3Acceptance()))
+    steps = list(iter_serving([record], create_drafter("python"), policies, VerifyModel()))
     cache = [(s.pos, s.choice, s.draft.tokens, s.accept_len, s.out_len) for s in steps if s.policy == "cache_only"]
     assert cache == [
         (0, "greedy", (), 0, 1),                    # "0" occurs only as the context: no draft, plain step
@@ -109,7 +109,7 @@ traces = st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=15)
 def test_cache_only_never_needs_more_cycles_than_greedy(traces, mean):
     records = [rec(f"r{i}", p, o) for i, (p, o) in enumerate(traces)]
     policies = make_policies(["greedy", "eagle3_only", "cache_only", "rule", "oracle"], PolicyOptions(rule_thresholds=(0.5, 2.0)))
-    result = simulate(records, create_drafter("python", DrafterConfig(max_depth=8)), policies, Eagle3Acceptance(mean))
+    result = simulate(records, create_drafter("python", DrafterConfig(max_depth=8)), policies, VerifyModel(mean))
     p = result.overall.policies
     tokens = sum(len(o) for _, o in traces)
     assert p["greedy"].cycles == tokens
@@ -162,3 +162,14 @@ def test_replay_cli_refuses_bad_options_and_mixed_tokenizers(tmp_path, capsys):
     assert "unknown policy 'magic'" in capsys.readouterr().err
     assert hvd(["replay", str(path), "--max-depth", "1"]) == 2
     assert "max_depth must be >= 2" in capsys.readouterr().err
+
+
+def test_verify_width_caps_what_a_cache_verify_accepts():
+    record = rec("a", [1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    policies = make_policies(["cache_only"], PolicyOptions())
+    steps = list(iter_serving([record], create_drafter("python"), policies, VerifyModel(max_cache_tokens=2)))
+    # As in the uncapped walk above, but a verify checks at most 2 cache tokens.
+    assert [(s.pos, s.draft.tokens[:3], s.accept_len, s.out_len) for s in steps] == [
+        (0, (), 0, 1), (1, (2,), 1, 2), (3, (4, 5, 6), 2, 3), (6, (7, 8, 0), 2, 3)]
+    with pytest.raises(ValueError, match="max_cache_tokens must be >= 0"):
+        VerifyModel(max_cache_tokens=-1)

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, available_drafters, create_drafter
-from sglang_hvd.replay.acceptance import Eagle3Acceptance
+from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.engine import accept_len
 from sglang_hvd.replay.policies import BASELINES, PolicyOptions, make_policies
 from sglang_hvd.replay.simulate import simulate
@@ -91,7 +91,7 @@ def batch_of(records, make, cfg, size=32, rounds=200):
 
 def serving(records, drafter):
     policies = make_policies(list(BASELINES), PolicyOptions(rule_thresholds=(1.0, 3.0)))
-    result = simulate(records, drafter, policies, Eagle3Acceptance())
+    result = simulate(records, drafter, policies, VerifyModel())
     total = result.overall
     return {"tokens_per_s": total.tokens / result.seconds,
             "cache_only_cycles_per_1k": total.policies["cache_only"].to_json()["cycles_per_1k"]}

@@ -10,7 +10,7 @@ from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import write_json
-from ..replay.acceptance import Eagle3Acceptance
+from ..replay.acceptance import VerifyModel
 from ..replay.cost import CostModel
 from ..replay.metrics import COLUMNS, table_row
 from ..replay.policies import GatePolicy, PolicyOptions, make_policies
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
             "rule (its constant as chosen at training) and the oracle (the cache draft exactly when its true "
             "accept_len + 1 beats EAGLE3's mean), per source and overall, plus the gate's precision and recall "
             "for high-payoff drafts (accept_len >= 6) and its mean absolute error. Drafter and EAGLE3 settings "
-            "are the gate's own; the fastest drafter built is used (all return identical drafts)."
+            "and the verify model are the gate's own; the fastest drafter built is used (all return identical drafts)."
         ),
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
     p.add_argument("--threshold", type=float, help="override the gate's threshold")
     p.add_argument("--rule-threshold", type=float, help="override the rule constant chosen at training")
+    p.add_argument("--max-cache-verify", type=int, metavar="N",
+                   help="cache draft tokens one verify checks, 0 = no limit (default: the gate's, from training)")
     p.add_argument("--plot", metavar="PATH.png",
                    help="also sweep the threshold and plot precision/recall and cycles per 1k against it (needs matplotlib)")
     p.add_argument("--plot-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
@@ -58,7 +60,9 @@ def main(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise HvdInputError("--plot needs matplotlib: pip install matplotlib") from None
-    acceptance = Eagle3Acceptance(**{k: (tuple(map(tuple, v)) if k == "distribution" else v) for k, v in spec["eagle3"].items()})
+    acceptance = VerifyModel(**{k: (tuple(map(tuple, v)) if k == "distribution" else v) for k, v in spec["verify_model"].items()})
+    if args.max_cache_verify is not None:
+        acceptance = dataclasses.replace(acceptance, max_cache_tokens=args.max_cache_verify)
     rule = args.rule_threshold if args.rule_threshold is not None else spec.get("rule_threshold") or 3.0
     report = ReadReport()
     records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
@@ -90,7 +94,9 @@ def main(args: argparse.Namespace) -> int:
         _print(name, tally, header, costs, out["sources"][name]["gate"])
     if len(result.sources) > 1:
         _print("overall", result.overall, header, costs, out["overall"]["gate"])
-    print(f"\nthreshold {gate.threshold:g}, rule constant {rule:g}; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
+    cap = acceptance.max_cache_tokens
+    print(f"\nthreshold {gate.threshold:g}, rule constant {rule:g}, cache drafts verified up to "
+          f"{cap if cap else 'any number of'} tokens; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
     if args.plot:
         sw = sweep(records, gate, default_drafter_name(), acceptance, costs, args.plot_thresholds, ())
         _plot(args.plot, sw)

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from ..drafter.protocol import DrafterConfig
 from ..errors import HvdInputError
-from ..replay.acceptance import Eagle3Acceptance
+from ..replay.acceptance import VerifyModel
 
 T = TypeVar("T")
 
@@ -60,18 +60,22 @@ def drafter_from_flags(args: argparse.Namespace):
     return create_drafter(args.drafter, dataclass_from_flags(DrafterConfig, args))
 
 
-def add_eagle3_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("EAGLE3 acceptance model (replay has no EAGLE3 model)")
+def add_verify_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("verify model (replay has no EAGLE3 model and no GPU)")
     group.add_argument("--eagle3-mean", type=float, default=1.75,
                        help="mean tokens per EAGLE3 verify, accepted + bonus (default: %(default)s, the HVD paper's figure)")
     group.add_argument("--eagle3-dist", metavar="TOKENS:PROB,...",
                        help="empirical tokens-per-verify distribution, e.g. 1:0.45,2:0.3,3:0.25 (overrides --eagle3-mean)")
     group.add_argument("--eagle3-seed", type=int, default=0, help="seed of --eagle3-dist draws (default: %(default)s)")
+    group.add_argument("--max-cache-verify", type=int, default=0, metavar="N",
+                       help="cache draft tokens one verify checks: SGLang with --speculative-eagle-topk 1 checks "
+                            "num_draft_tokens - 1 (e.g. 3); 0 = no limit (default: %(default)s)")
 
 
-def eagle3_from_flags(args: argparse.Namespace) -> Eagle3Acceptance:
+def verify_model_from_flags(args: argparse.Namespace) -> VerifyModel:
     try:
-        dist = Eagle3Acceptance.parse_distribution(args.eagle3_dist) if args.eagle3_dist else ()
-        return Eagle3Acceptance(mean_tokens_per_cycle=args.eagle3_mean, distribution=dist, seed=args.eagle3_seed)
+        dist = VerifyModel.parse_distribution(args.eagle3_dist) if args.eagle3_dist else ()
+        return VerifyModel(mean_tokens_per_cycle=args.eagle3_mean, distribution=dist, seed=args.eagle3_seed,
+                           max_cache_tokens=args.max_cache_verify)
     except ValueError as e:
         raise HvdInputError(f"--eagle3-dist/--eagle3-mean: {e}") from None

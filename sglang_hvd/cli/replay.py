@@ -14,7 +14,7 @@ from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
 from ..errors import HvdInputError
 from .common import add_json_flag, add_skip_invalid_flag, cli_entry, positive_int
-from .options import add_drafter_flags, add_eagle3_flags, drafter_from_flags, eagle3_from_flags
+from .options import add_drafter_flags, add_verify_flags, drafter_from_flags, verify_model_from_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=positive_int, metavar="N", help="replay only the first N requests")
     p.add_argument("--steps", metavar="PATH", help="also write one JSON line per replayed step to PATH")
     add_drafter_flags(p)
-    add_eagle3_flags(p)
+    add_verify_flags(p)
     add_skip_invalid_flag(p)
     add_json_flag(p)
     return p
@@ -68,7 +68,7 @@ def _step_json(step) -> dict:
 @cli_entry("replay", build_parser)
 def main(args: argparse.Namespace) -> int:
     drafter = drafter_from_flags(args)
-    acceptance = eagle3_from_flags(args)
+    acceptance = verify_model_from_flags(args)
     options = PolicyOptions(rule_thresholds=_parse_thresholds(args.rule_threshold),
                             eagle3_tokens_per_cycle=acceptance.expected_tokens_per_cycle)
     try:

@@ -13,7 +13,7 @@ from ..report import format_table
 from ..tokenizer import ChatTokenizer
 from ..trace import ReadReport, iter_traces, single_tokenizer
 from .common import add_json_flag, add_skip_invalid_flag, cli_entry, float_list, positive_int
-from .options import add_dataclass_flags, add_drafter_flags, add_eagle3_flags, dataclass_from_flags, eagle3_from_flags
+from .options import add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags, verify_model_from_flags
 from ..drafter.protocol import DrafterConfig
 
 
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rule-thresholds", type=float_list, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
                    help="score-rule constants tried for the rule baseline (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_RULE_THRESHOLDS))
     add_drafter_flags(p)
-    add_eagle3_flags(p)
+    add_verify_flags(p)
     add_dataclass_flags(p, CostModel, "cost model of calibration (per verify cycle; 1.0 = one target forward)", prefix="cost")
     add_skip_invalid_flag(p)
     add_json_flag(p)
@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
             model=TrainConfig(hidden=hidden, learning_rate=args.learning_rate, batch_size=args.batch_size,
                               max_epochs=args.epochs, patience=args.patience, seed=args.seed),
             rows=args.rows, drafter_name=args.drafter, drafter=dataclass_from_flags(DrafterConfig, args),
-            acceptance=eagle3_from_flags(args), costs=dataclass_from_flags(CostModel, args, prefix="cost"),
+            acceptance=verify_model_from_flags(args), costs=dataclass_from_flags(CostModel, args, prefix="cost"),
             threshold=args.threshold, gate_thresholds=args.gate_thresholds, rule_thresholds=args.rule_thresholds,
         )
         metrics = train_gate(records, tokenizer.token_flags(), tokenizer.identity, args.output, opts)

@@ -1,7 +1,11 @@
-"""What an EAGLE3 verify step yields in replay: a model of tokens per cycle.
+"""What a verify step yields in replay: the serving verify setup, modelled.
 
-Replay has no EAGLE3 draft model, so an EAGLE3 step emits a number of tokens drawn from
-an acceptance model (always >= 1: the bonus token), capped by what is left of the output.
+Cache steps are exact: a cache draft's accepted length is its longest common prefix with
+the recorded output, except that a verify can only check ``max_cache_tokens`` of it
+(SGLang with ``--speculative-eagle-topk 1`` verifies N-1 draft tokens per row; 0 means
+no limit). Replay has no EAGLE3 draft model, so an EAGLE3 step emits a number of tokens
+drawn from an acceptance model (always >= 1: the bonus token), capped by what is left of
+the output:
 
 - ``mean``: a fixed mean m (default 1.75, the HVD paper's EAGLE3 figure on these
   workloads), realised deterministically by carrying the fraction: with m = 1.75 the
@@ -21,12 +25,14 @@ import numpy as np
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Eagle3Acceptance:
+class VerifyModel:
     mean_tokens_per_cycle: float = dataclasses.field(default=1.75, metadata={
         "help": "mean tokens one EAGLE3 verify emits (accepted + bonus), realised deterministically"})
     distribution: tuple[tuple[int, float], ...] = dataclasses.field(default=(), metadata={
         "help": "empirical tokens-per-cycle distribution TOKENS:PROB,... (e.g. 1:0.45,2:0.3,3:0.25); overrides the mean"})
     seed: int = dataclasses.field(default=0, metadata={"help": "seed of the distribution draws"})
+    max_cache_tokens: int = dataclasses.field(default=0, metadata={
+        "help": "cache draft tokens one verify can check (SGLang topk 1: num_draft_tokens - 1); 0 = no limit"})
 
     def __post_init__(self):
         if self.distribution:
@@ -36,6 +42,12 @@ class Eagle3Acceptance:
                 raise ValueError("distribution needs tokens_per_cycle >= 1 and probabilities summing to 1")
         elif self.mean_tokens_per_cycle < 1.0:
             raise ValueError(f"mean tokens per cycle must be >= 1 (the bonus token), got {self.mean_tokens_per_cycle}")
+        if self.max_cache_tokens < 0:
+            raise ValueError(f"max_cache_tokens must be >= 0 (0: no limit), got {self.max_cache_tokens}")
+
+    def cache_accept_len(self, accept_len: int) -> int:
+        """What a verify accepts of a cache draft whose full accepted length is accept_len."""
+        return min(accept_len, self.max_cache_tokens) if self.max_cache_tokens else accept_len
 
     @property
     def expected_tokens_per_cycle(self) -> float:

@@ -7,8 +7,9 @@ dense    draft at every output position p (context = prompt + output[:p]) and la
          draft with its oracle accept_len = LCP(draft, output[p:]). The paper's training
          data: one record per position, whatever a policy would have visited.
 serving  walk each policy as the decode loop would: at position p the policy chooses a
-         draft source; a cache verify emits accept_len + 1 tokens, an EAGLE3 verify what
-         the acceptance model yields, greedy one; the next step starts there.
+         draft source; a cache verify emits accept_len + 1 tokens (accept_len capped by the
+         verify width, VerifyModel.max_cache_tokens), an EAGLE3 verify what the acceptance
+         model yields, greedy one; the next step starts there.
 
 A draft depends only on the tokens appended so far (not on how they were chunked), so
 in serving mode all policies walk one request together, in order of position, sharing a
@@ -28,7 +29,7 @@ import numpy as np
 from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
 from ..features import TAIL_TOKENS, RequestHistory
 from ..trace import TraceRecord
-from .acceptance import Eagle3Acceptance
+from .acceptance import VerifyModel
 from .policies import CACHE, EAGLE3, GREEDY, Policy, StepView
 
 
@@ -95,7 +96,7 @@ def iter_serving(
     records: Iterable[TraceRecord],
     drafter: Drafter,
     policies: Sequence[Policy],
-    acceptance: Eagle3Acceptance,
+    acceptance: VerifyModel,
 ) -> Iterator[ServingStep]:
     """Every verify step of every policy, request by request, positions ascending."""
     for record in records:
@@ -118,7 +119,7 @@ def iter_serving(
                 drafter.append(record.req_id, out_list[fed:pos])
                 fed = pos
                 draft = drafter.speculate(record.req_id)
-                draft_pos, label = pos, accept_len(draft.tokens, out_list, pos)
+                draft_pos, label = pos, acceptance.cache_accept_len(accept_len(draft.tokens, out_list, pos))
             history = histories[i]
             view = StepView(
                 req_id=record.req_id, source=record.source, pos=pos, num_prompt_tokens=len(record.prompt_ids),

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..drafter.protocol import Drafter
 from ..trace import TraceRecord
-from .acceptance import Eagle3Acceptance
+from .acceptance import VerifyModel
 from .engine import DenseStep, ServingStep, iter_dense, iter_serving
 from .metrics import SourceTally, overall
 from .policies import Policy
@@ -49,7 +49,7 @@ def simulate(
     records: Iterable[TraceRecord],
     drafter: Drafter,
     policies: Sequence[Policy],
-    acceptance: Eagle3Acceptance,
+    acceptance: VerifyModel,
     on_step: Callable[[ServingStep], None] | None = None,
     on_request: Callable[[TraceRecord], None] | None = None,
 ) -> ReplayResult:

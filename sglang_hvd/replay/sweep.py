@@ -14,7 +14,7 @@ import numpy as np
 
 from ..drafter import create_drafter
 from ..trace import TraceRecord
-from .acceptance import Eagle3Acceptance
+from .acceptance import VerifyModel
 from .cost import CostModel
 from .metrics import HIGH_PAYOFF_ACCEPT_LEN
 from .policies import CacheOnly, Eagle3Only, GatePolicy, Greedy, Oracle, ScoreRule
@@ -55,7 +55,7 @@ class Sweep:
                 "best_rule_threshold": self.best_rule_threshold, "baselines": self.baselines}
 
 
-def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, acceptance: Eagle3Acceptance, costs: CostModel,
+def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, acceptance: VerifyModel, costs: CostModel,
           gate_thresholds: Sequence[float] = DEFAULT_GATE_THRESHOLDS,
           rule_thresholds: Sequence[float] = DEFAULT_RULE_THRESHOLDS) -> Sweep:
     gates = [GatePolicy(gate, t, name=f"hvd@{t:g}") for t in gate_thresholds]

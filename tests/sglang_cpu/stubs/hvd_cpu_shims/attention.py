@@ -96,7 +96,7 @@ def target_verify_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True
         if masks is None:
             mask[:, prefix:] = torch.ones((n, n), dtype=torch.bool, device=query.device).tril()
         else:
-            mask[:, prefix:] = True  # MUTATION
+            mask[:, prefix:] = masks[i]
         out = scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=layer.scaling, enable_gqa=use_gqa)
         o_[i * n : (i + 1) * n] = out.squeeze(0).movedim(1, 0)
     return o
@@ -169,6 +169,9 @@ def classes():
         (the interface of ``IntelAMXMultiStepDraftBackend``)."""
 
         def __init__(self, model_runner, topk: int, speculative_num_steps: int):
+            page_size = getattr(model_runner, "page_size", 1) or 1
+            if page_size != 1:
+                raise NotImplementedError(f"hvd_cpu_shims: the torch_native draft-decode backend lays out draft slots for page size 1, not {page_size}")
             self.topk = int(topk)
             self.speculative_num_steps = int(speculative_num_steps)
             self.device = model_runner.device
