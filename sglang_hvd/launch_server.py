@@ -64,13 +64,37 @@ def config_from_args(args: argparse.Namespace) -> HVDServingConfig:
     )
 
 
-def validate(config: HVDServingConfig) -> None:
+def check_tokenizer(gate, tokenizer_dir: str | None) -> None:
+    """The gate's features index token ids: refuse a server whose tokenizer differs.
+
+    Only checkable when the model (or --tokenizer-path) is a local folder with
+    tokenizer.json and tokenizer_config.json; hub ids are not downloaded here.
+    """
+    if not tokenizer_dir or not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
+        return
+    from .tokenizer import ChatTokenizer
+
+    try:
+        served = ChatTokenizer(tokenizer_dir).identity
+    except HvdInputError:
+        return  # not a tokenizer folder we can read; SGLang will judge it
+    want = gate.spec.get("tokenizer", {})
+    if want.get("digest") not in (None, served.digest):
+        raise HvdInputError(
+            f"the gate was trained on tokenizer {want.get('name')}@{want.get('digest')}, but the server's tokenizer "
+            f"({tokenizer_dir}) is {served.name}@{served.digest}: the gate's token features would be wrong; "
+            "train a gate on traces of this model (hvd collect / hvd import with its tokenizer, then hvd train)"
+        )
+
+
+def validate(config: HVDServingConfig, tokenizer_dir: str | None = None) -> None:
     """Everything that can be checked before SGLang loads a model."""
     if not config.enable:
         return
     from .serving.factory import load_gate
 
     gate = load_gate(config)  # missing, corrupt or schema-mismatched gates stop here
+    check_tokenizer(gate, tokenizer_dir)
     config.drafter_config(gate.drafter_config)
     if config.drafter is not None:
         from .drafter import available_drafters
@@ -96,11 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         config = config_from_args(args)
-        validate(config)
-        os.environ.update(config.to_env())
         from .patches.launch import parse_server_args, run
 
         server_args = parse_server_args(rest)
+        validate(config, getattr(server_args, "tokenizer_path", None) or getattr(server_args, "model_path", None))
+        os.environ.update(config.to_env())
         if config.enable:
             from .patches.checks import check_server_args, check_sglang_version
 

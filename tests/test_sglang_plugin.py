@@ -97,6 +97,19 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
     assert "pass --disable-overlap-schedule" in capsys.readouterr().err
 
 
+def test_launcher_refuses_a_gate_trained_on_another_tokenizer(demo_dir, qwen_dir, tmp_path, capsys):
+    import shutil
+
+    from sglang_hvd import launch_server
+
+    model = tmp_path / "model"
+    shutil.copytree(qwen_dir, model)
+    argv = ["--model-path", str(model)] + BASE_ARGS[2:] + ["--hvd-gate", os.path.join(demo_dir, "gate")]
+    assert launch_server.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the gate was trained on tokenizer hvd-synth-bpe@" in err and "train a gate on traces of this model" in err
+
+
 def _verify_input(draft_token, bs, n):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
     from sglang.srt.speculative.eagle_info import EagleVerifyInput

@@ -180,10 +180,11 @@ def test_eagle3_cycle_draft_topk2_is_lossless_and_accepts_siblings(cycle_eagle3_
     _assert_same_tokens(cycle_eagle3_topk2, cycle_reference, "cycle EAGLE3 topk 2")
     _assert_spec_meta_consistent(cycle_eagle3_topk2)
     tree, chain = _spec_stats(cycle_eagle3_topk2), _spec_stats(cycle_eagle3_topk1)
-    # the tree holds the chain's path plus runner-up branches: never worse, and the
-    # runner-up (skip one token) is right somewhere, so strictly better overall
-    assert all(t >= c - 1e-9 for t, c in zip(tree["lengths"], chain["lengths"])), (tree, chain)
+    # the tree holds the chain's path plus runner-up branches, and the runner-up (skip
+    # one token, as the target's flips often do) is right now and then: better overall
+    # (per request the two runs drift apart, so only the aggregate is compared)
     assert tree["mean_accept_length"] > chain["mean_accept_length"], (tree, chain)
+    assert tree["histogram"][0] < chain["histogram"][0], (tree, chain)  # fewer verifies with nothing accepted
 
 
 def test_server_start_and_generation_times_are_modest(llama_eagle3, cycle_eagle3_topk1, cycle_eagle3_topk2):
