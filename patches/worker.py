@@ -114,7 +114,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         if self.hvd is None or req is None:
             return
         self.hvd.sync(rid, req.origin_input_ids, req.output_ids)
-        self.hvd.finish(rid)
+        # output_ids may run past a stop or max_new_tokens inside the last accepted run.
+        self.hvd.finish(rid, getattr(req, "output_ids_through_stop", None))
 
     # -- SGLang's hooks ------------------------------------------------------------------
 

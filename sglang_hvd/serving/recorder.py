@@ -2,8 +2,9 @@
 
 ``record()`` never blocks: when the queue is full the record is dropped and counted
 (``num_dropped``), because a slow disk must not slow decoding. The writer appends JSON
-lines (``.gz`` gets one gzip member per flush, which readers handle), flushing at least
-every ``flush_s`` seconds and on ``close()``, which an atexit hook also calls.
+lines (``.gz`` gets one gzip member per flush, which readers handle), flushing whenever
+the queue runs empty, at least every ``flush_s`` seconds, and on ``close()`` (also
+registered with atexit; a server killed with SIGKILL loses at most the current burst).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class TraceRecorder:
                 self.num_written += 1
             except Exception:  # a record that cannot be serialised must not kill the writer
                 log.exception("HVD trace recorder: could not write a record")
+            if self._queue.empty():  # end of a burst: on disk now, in case the process is killed
+                self._file.flush()
         self._file.flush()
 
     def close(self) -> None:

@@ -90,12 +90,18 @@ class HVDStepper:
         st.history.observe(new)
         self.drafter.append(rid, new)
 
-    def finish(self, rid: str) -> None:
-        """The request ended: its response stays in the global cache; record its trace."""
+    def finish(self, rid: str, final_output: Sequence[int] | None = None) -> None:
+        """The request ended: its response stays in the global cache; record its trace.
+
+        ``final_output``: the response as returned, when the server cut tokens it had
+        already accepted (a stop string, max_new_tokens inside an accepted run).
+        """
         st = self._reqs.pop(rid, None)
         if st is None:
             return
         self.drafter.finish_request(rid)
+        if final_output is not None and len(final_output) < len(st.output):
+            st.output = list(final_output)
         if self.recorder is not None and st.output:
             self.recorder.record(TraceRecord(
                 req_id=rid, conv_id=rid, turn=0, source=self.source, tokenizer=self.tokenizer,

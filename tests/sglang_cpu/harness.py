@@ -197,16 +197,18 @@ def server_env(extra_env: dict | None = None) -> dict:
 
 def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict | None = None, *,
                  startup_timeout: float = 240.0, log_dir: str | None = None, port: int | None = None,
-                 base_args: list[str] | None = None, python: str = SGLANG_PYTHON) -> SGLangServer:
+                 base_args: list[str] | None = None, python: str = SGLANG_PYTHON,
+                 launcher: str = "sglang.launch_server") -> SGLangServer:
     """Launch ``sglang.launch_server`` for ``model_dir`` and wait until ``/health`` is OK.
 
+    ``launcher`` is the module run with ``-m`` (``sglang_hvd.launch_server`` for HVD).
     ``extra_args`` come after ``BASE_ARGS`` (argparse: a repeated flag wins last);
     ``env`` is added to the environment (after ``BASE_ENV``). On failure to become
     healthy within ``startup_timeout`` the server is killed and ``ServerStartError``
     carries the command and the log tail.
     """
     port = port or free_port()
-    args = [python, "-m", "sglang.launch_server", "--model-path", model_dir, "--host", "127.0.0.1", "--port", str(port),
+    args = [python, "-m", launcher, "--model-path", model_dir, "--host", "127.0.0.1", "--port", str(port),
             *(BASE_ARGS if base_args is None else base_args), *(extra_args or [])]
     log_dir = log_dir or tempfile.mkdtemp(prefix="sglang_cpu_")
     log_path = os.path.join(log_dir, f"server_{port}.log")

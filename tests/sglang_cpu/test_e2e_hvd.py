@@ -1,0 +1,226 @@
+"""HVD end to end on a real SGLang 0.5.23 server (CPU engine): the plugin, the worker, the
+launcher, trace recording and collection, against the non-speculative server's output.
+
+Servers (one at a time, ~40 s to start each): the tiny random Llama target, with
+  reference   no speculation: the expected tokens
+  eagle3      plain EAGLE3 with a random draft (accept length ~1)
+  hvd         EAGLE3 + HVD through the plugin's environment variables (what `sglang serve`
+              users set), recording traces, the gate's threshold forced to -1 so that every
+              non-empty cache draft is verified (a deterministic mixed batch)
+  hvd_broken  EAGLE3 + HVD through `python -m sglang_hvd.launch_server`, with a gate that
+              loads but fails at run time on every batch size but 2
+Every prompt is sent twice; the second round finds the first round's responses in the
+global cache, so its cache drafts are right: accept lengths near the maximum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
+
+from . import harness  # noqa: E402
+
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _prompts() -> list[dict]:
+    rng = random.Random(99)
+    block = [rng.randrange(100, 150000) for _ in range(24)]
+    reqs = [dict(input_ids=[rng.randrange(100, 150000) for _ in range(n)], max_new_tokens=m)
+            for n, m in zip([7, 19, 40, 64, 33], [40, 24, 40, 17, 40])]
+    # Prompts that repeat themselves: the request's own tree drafts from them at once.
+    reqs += [dict(input_ids=block * 3, max_new_tokens=40), dict(input_ids=block + [5, 6] + block, max_new_tokens=32)]
+    return reqs
+
+
+PROMPTS = _prompts()
+
+
+def _hvd(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([harness.SGLANG_PYTHON, "-m", "sglang_hvd.cli.main", *cmd], capture_output=True, text=True,
+                          cwd=REPO, timeout=900, **kw)
+
+
+@pytest.fixture(scope="module")
+def qwen_gate(tmp_path_factory, sglang_cpu_models) -> str:
+    """A real gate for the Qwen3 tokenizer: synthetic sessions tokenized with it, trained briefly."""
+    from .tiny_models import qwen_tokenizer_dir
+
+    d = tmp_path_factory.mktemp("qwen_gate")
+    for cmd in (["synth", "-o", str(d), "--sessions", "24", "--seed", "5"],
+                ["import", str(d / "conversations.jsonl"), "--tokenizer", qwen_tokenizer_dir(), "-o", str(d / "t.jsonl")],
+                ["train", str(d / "t.jsonl"), "--tokenizer", qwen_tokenizer_dir(), "-o", str(d / "gate"), "--epochs", "4",
+                 "--max-cache-verify", "3"]):
+        done = _hvd(cmd)
+        assert done.returncode == 0, done.stderr[-2000:]
+    return str(d / "gate")
+
+
+@pytest.fixture(scope="module")
+def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
+    """Serve PROMPTS twice on each server; keep responses, server info and logs."""
+    m = sglang_cpu_models
+    work = tmp_path_factory.mktemp("hvd_e2e")
+    eagle = harness.eagle3_args(m.llama_draft, topk=1, steps=3)
+    broken = _broken_gate(qwen_gate, str(work / "broken_gate"))
+    configs = {
+        "reference": dict(extra_args=[]),
+        "eagle3": dict(extra_args=eagle),
+        "hvd": dict(extra_args=eagle, env={"SGLANG_HVD_ENABLE": "1", "SGLANG_HVD_GATE": qwen_gate,
+                                           "SGLANG_HVD_THRESHOLD": "-1", "SGLANG_HVD_DRAFTER": "native",
+                                           "SGLANG_HVD_RECORD_TRACES": str(work / "served.jsonl")}),
+        "hvd_broken": dict(extra_args=eagle + ["--hvd-gate", broken], launcher="sglang_hvd.launch_server"),
+    }
+    out = {"work": work}
+    for name, cfg in configs.items():
+        server = sglang_server_factory(m.llama, **cfg)
+        try:
+            rounds = [server.generate_many(PROMPTS) for _ in range(2)]
+            extra = {}
+            if name == "hvd":
+                extra["collect"] = _collect(server, work)
+                extra["frontend"] = _frontend(server.url)
+            if name == "reference":
+                extra["frontend"] = _frontend(server.url)
+            out[name] = dict(rounds=rounds, info=server.server_info(), log=server.log_path, **extra)
+        finally:
+            server.stop()
+    return out
+
+
+def _broken_gate(good: str, where: str) -> str:
+    """The trained gate with a Reshape to batch 2 appended: it loads (the load-time probe
+    uses 2 rows) and raises inside onnxruntime on every other batch size."""
+    import onnx
+    from onnx import helper, numpy_helper
+    import numpy as np
+
+    shutil.copytree(good, where)
+    model = onnx.load(os.path.join(where, "gate.onnx"))
+    g = model.graph
+    last = g.node[-1]
+    last.output[0] = "pre_broken"
+    g.initializer.append(numpy_helper.from_array(np.array([2], dtype=np.int64), "two"))
+    g.node.append(helper.make_node("Reshape", ["pre_broken", "two"], ["accept_len"]))
+    onnx.save(model, os.path.join(where, "gate.onnx"))
+    return where
+
+
+def _collect(server, work) -> dict:
+    """hvd collect against the live HVD server, then a resumed rerun."""
+    from .tiny_models import qwen_tokenizer_dir
+
+    conv = work / "conv.jsonl"
+    lines = [json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Say something about {w}."},
+                                                     {"role": "assistant", "content": "ok"},
+                                                     {"role": "user", "content": "And again?"},
+                                                     {"role": "assistant", "content": "ok"}]})
+             for i, w in enumerate(["cats", "dogs", "rivers"])]
+    conv.write_text("\n".join(lines) + "\n")
+    base = ["collect", str(conv), "--server", server.url, "--tokenizer", qwen_tokenizer_dir(), "--max-new-tokens", "16",
+            "--concurrency", "2"]
+    first = _hvd(base + ["-o", str(work / "collected.jsonl")])
+    # A resumed run: half of the records are already in the partial file.
+    records = (work / "collected.jsonl").read_text().splitlines() if first.returncode == 0 else []
+    (work / "again.jsonl.partial").write_text("\n".join(records[:3]) + "\n")
+    second = _hvd(base + ["-o", str(work / "again.jsonl")])
+    down = _hvd(["collect", str(conv), "--server", "http://127.0.0.1:9", "--tokenizer", qwen_tokenizer_dir(),
+                 "-o", str(work / "down.jsonl"), "--retries", "0"])
+    return dict(first=first, second=second, down=down, records=records)
+
+
+def _frontend(url: str) -> str:
+    import sglang as sgl
+
+    @sgl.function
+    def two_parts(s, topic):
+        s += "Topic: " + topic + "\n"
+        s += "First:" + sgl.gen("first", max_tokens=12, temperature=0)
+        s += "\nSecond:" + sgl.gen("second", max_tokens=12, temperature=0)
+
+    state = two_parts.run(topic="cache drafts", backend=sgl.RuntimeEndpoint(url))
+    return state.text()
+
+
+def _tokens(run, round_):
+    return [r["output_ids"] for r in run["rounds"][round_]]
+
+
+def _accept_length(run, round_):
+    metas = [r["meta_info"] for r in run["rounds"][round_]]
+    return sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+
+
+def test_hvd_output_equals_the_non_speculative_server(runs):
+    want = _tokens(runs["reference"], 0)
+    for name in ("eagle3", "hvd", "hvd_broken"):
+        for round_ in (0, 1):
+            assert _tokens(runs[name], round_) == want, f"{name} round {round_} differs; log: {runs[name]['log']}"
+
+
+def test_cache_drafts_lift_accept_length_when_the_cache_knows_the_answer(runs):
+    eagle = _accept_length(runs["eagle3"], 1)
+    hvd = _accept_length(runs["hvd"], 1)
+    assert eagle < 1.3  # the random EAGLE3 draft is (almost) never right
+    assert hvd > 2.5  # round 2: cache drafts copy round 1's responses (max 4 tokens per verify)
+    stats = [s["hvd"] for s in runs["hvd"]["info"]["internal_states"] if "hvd" in s]
+    assert stats and stats[0]["gate_errors"] == 0 and stats[0]["steps"] > 0
+    # Mixed batches: rows without a cache draft verify EAGLE3's (most of round 1), rows
+    # with one verify it (most of round 2).
+    assert 0.1 < stats[0]["cache_pick_rate"] < 0.9
+    assert stats[0]["cache_mean_accept"] > 1.5 > stats[0]["eagle3_mean_accept"]
+
+
+def test_a_gate_failing_at_run_time_leaves_the_server_serving(runs):
+    stats = [s["hvd"] for s in runs["hvd_broken"]["info"]["internal_states"] if "hvd" in s][0]
+    assert stats["gate_errors"] > 0 and stats["cache_pick_rate"] < 0.2
+    log = open(runs["hvd_broken"]["log"]).read()
+    assert log.count("HVD gate failed at run time") == 1  # logged once, then counted
+    assert "HVD worker active" in log
+
+
+def test_recorded_traces_replay_to_the_served_outputs(runs):
+    from sglang_hvd.trace import iter_traces
+
+    path = runs["work"] / "served.jsonl"
+    records = list(iter_traces(str(path)))  # the reader validates every step against the output
+    served = {tuple(p["input_ids"]): out for p, out in zip(PROMPTS * 2, _tokens(runs["hvd"], 0) + _tokens(runs["hvd"], 1))}
+    collected = len(runs["hvd"]["collect"]["records"])
+    assert len(records) >= 2 * len(PROMPTS) + collected  # hvd collect's requests were served (and recorded) too
+    records = [r for r in records if tuple(r.prompt_ids.tolist()) in served]
+    assert len(records) == 2 * len(PROMPTS)
+    cached_steps = 0
+    for r in records:
+        assert r.output_ids.tolist() == served[tuple(r.prompt_ids.tolist())]
+        # Prefill emits the first token; every verify then emits accept_len + 1 tokens.
+        assert r.steps and r.steps[0].pos == 1
+        assert all(b.pos == a.pos + a.accept_len + 1 for a, b in zip(r.steps, r.steps[1:]))
+        cached_steps += sum(s.src == "cache" for s in r.steps)
+    assert cached_steps > 0
+    replayed = subprocess.run([harness.SGLANG_PYTHON, "-m", "sglang_hvd.cli.main", "replay", str(path), "--json",
+                               str(runs["work"] / "r.json")], capture_output=True, text=True, cwd=REPO)
+    assert replayed.returncode == 0, replayed.stderr[-2000:]
+
+
+def test_collect_against_the_live_server(runs):
+    c = runs["hvd"]["collect"]
+    assert c["first"].returncode == 0, c["first"].stderr[-2000:]
+    assert len(c["records"]) == 6  # 3 conversations x 2 assistant turns
+    assert c["second"].returncode == 0 and "already collected (resumed)" in c["second"].stdout
+    again = (runs["work"] / "again.jsonl").read_text().splitlines()
+    assert sorted(json.loads(l)["req_id"] for l in again) == sorted(json.loads(l)["req_id"] for l in c["records"])
+    assert c["down"].returncode == 2 and "rerun the same command to resume" in c["down"].stderr
+
+
+def test_frontend_program_gives_the_same_text_with_hvd(runs):
+    assert runs["hvd"]["frontend"] == runs["reference"]["frontend"]
+    assert runs["hvd"]["frontend"].count("First:") == 1
