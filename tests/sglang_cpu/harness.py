@@ -28,7 +28,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 SITE_DIR = os.path.join(HERE, "site")
 STUBS_DIR = os.path.join(HERE, "stubs")
-SGLANG_PYTHON = os.environ.get("HVD_SGLANG_PYTHON", "/work/sgl-venv/bin/python")
+SGLANG_PYTHON = os.environ.get("HVD_SGLANG_PYTHON", sys.executable)  # the venv running the tests
 
 # Always on: the CPU engine with torch_native attention, no CUDA graphs, float32,
 # a small KV pool (without --max-total-tokens the pool reserves ~14 GB of RAM).
