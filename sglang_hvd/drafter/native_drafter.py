@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, register_drafter
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, as_token_array, register_drafter
 
 log = logging.getLogger(__name__)
 _TREES = {0: "", 1: LOCAL_TREE, 2: GLOBAL_TREE}
@@ -44,15 +44,6 @@ def default_drafter_name() -> str:
                     "Reinstall with a C++17 compiler (g++) to build it.", _IMPORT_ERROR)
         _warned = True
     return "python"
-
-
-def _tokens(ids) -> np.ndarray:
-    arr = np.ascontiguousarray(ids, dtype=np.int32)
-    if arr.ndim != 1:
-        raise ValueError(f"token ids must be one-dimensional, got shape {arr.shape}")
-    if arr.size and arr.min() < 0:
-        raise ValueError("token ids must be non-negative")
-    return arr
 
 
 class NativeDrafter:
@@ -87,19 +78,19 @@ class NativeDrafter:
         h = self._handle(req_id, create=True)
         if self._core.is_running(h):
             raise ValueError(f"request {req_id!r} is already running")
-        self._core.start(h, _tokens(prompt_ids))
+        self._core.start(h, as_token_array(prompt_ids))
 
     def append(self, req_id: str, token_ids) -> None:
         h = self._running(req_id)
         if isinstance(token_ids, list) and len(token_ids) == 1:  # the per-token fast path
             self._core.append_one(h, token_ids[0])
         else:
-            self._core.append(h, _tokens(token_ids))
+            self._core.append(h, as_token_array(token_ids))
 
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None:
         """Append each request's emitted tokens in one call (GIL released)."""
         handles = np.array([self._running(r) for r in req_ids], dtype=np.int64)
-        chunks = [_tokens(t) for t in token_ids]
+        chunks = [as_token_array(t) for t in token_ids]
         offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
         np.cumsum([len(c) for c in chunks], out=offsets[1:])
         self._core.append_batch(handles, offsets, np.concatenate(chunks) if chunks else np.zeros(0, np.int32))

@@ -91,6 +91,16 @@ class Draft:
 
 
 EMPTY_DRAFT = Draft()
+
+
+def as_token_array(ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Validated token ids for a drafter: a contiguous 1-D int32 array, no negatives."""
+    arr = np.ascontiguousarray(ids, dtype=np.int32)
+    if arr.ndim != 1:
+        raise ValueError(f"token ids must be one-dimensional, got shape {arr.shape}")
+    if arr.size and arr.min() < 0:
+        raise ValueError("token ids must be non-negative")
+    return arr
 _TREE_CODES = {"": 0, LOCAL_TREE: 1, GLOBAL_TREE: 2}
 
 

@@ -16,18 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, drafts_to_arrays, register_drafter
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, as_token_array, drafts_to_arrays, register_drafter
 from .suffix_match import best_draft
 from .token_index import TokenIndex
-
-
-def _as_tokens(ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    arr = np.asarray(ids, dtype=np.int32)
-    if arr.ndim != 1:
-        raise ValueError(f"token ids must be one-dimensional, got shape {arr.shape}")
-    if arr.size and arr.min() < 0:
-        raise ValueError("token ids must be non-negative")
-    return arr
 
 
 @register_drafter("python")
@@ -55,12 +46,12 @@ class SuffixDrafter:
             del self._finished[req_id]
             self._global.remove_doc(req_id)
         local = TokenIndex(pad=self.config.max_depth, initial_capacity=len(prompt_ids) + 2 * self.config.max_depth + 512)
-        local.add_doc(0, _as_tokens(prompt_ids))
+        local.add_doc(0, as_token_array(prompt_ids))
         self._local[req_id] = local
         self._global.add_doc(req_id, np.zeros(0, dtype=np.int32), spare=64)
 
     def append(self, req_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
-        tokens = _as_tokens(token_ids)
+        tokens = as_token_array(token_ids)
         self._running(req_id).extend(0, tokens)
         self._global.extend(req_id, tokens)
         if self._global.num_live > self.config.global_max_tokens:
