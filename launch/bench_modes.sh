@@ -3,9 +3,11 @@
 #
 #   GATE=gate CONVERSATIONS=convs.jsonl TOKENIZER=tok_dir bash launch/bench_modes.sh
 #
-# For each mode it starts launch/serve_qwen3_8b.sh, sends every assistant turn of
-# CONVERSATIONS through `hvd collect` (temperature 0, CONCURRENCY requests in flight),
-# and prints wall time, output tokens/s and SGLang's mean accept length from /server_info:
+# For each mode it starts launch/serve_qwen3_8b.sh and runs SGLang's serving benchmark
+# (python -m sglang.bench_serving) on every assistant turn of CONVERSATIONS, rendered with
+# the model's chat template (launch/to_sharegpt.py), then sends the same turns through
+# `hvd collect` (temperature 0) and prints wall time, output tokens/s and SGLang's mean
+# accept length with HVD's cache pick rate from /server_info:
 #   eagle3      --hvd-disable (plain SGLang EAGLE3)
 #   cache_only  --hvd-threshold -1 (every non-empty cache draft is verified: SuffixDecoding)
 #   hvd         the gate's calibrated threshold
@@ -15,6 +17,7 @@ PORT=${PORT:-30000}
 CONCURRENCY=${CONCURRENCY:-16}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
+python "$(dirname "$0")/to_sharegpt.py" "$CONVERSATIONS" --tokenizer "$TOKENIZER" -o "$OUT/prompts.json"
 for mode in eagle3 cache_only hvd; do
   case $mode in
     eagle3) extra=(--hvd-disable) ;;
@@ -24,6 +27,9 @@ for mode in eagle3 cache_only hvd; do
   GATE=$GATE PORT=$PORT bash "$(dirname "$0")/serve_qwen3_8b.sh" "${extra[@]}" > "$OUT/server-$mode.log" 2>&1 &
   pid=$!
   until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do sleep 5; done
+  python -m sglang.bench_serving --backend sglang --port "$PORT" --dataset-name sharegpt \
+      --dataset-path "$OUT/prompts.json" --num-prompts "${NUM_PROMPTS:-500}" --max-concurrency "$CONCURRENCY" \
+      --output-file "$OUT/bench-serving-$mode.jsonl" > "$OUT/bench-serving-$mode.txt"
   start=$(date +%s.%N)
   hvd collect "$CONVERSATIONS" --server "http://127.0.0.1:$PORT" --tokenizer "$TOKENIZER" \
       -o "$OUT/traces-$mode.jsonl" --concurrency "$CONCURRENCY" --json "$OUT/collect-$mode.json" > /dev/null
