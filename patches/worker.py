@@ -30,6 +30,7 @@ from sglang_hvd.serving.factory import build_stepper
 from .rows import substitute_rows
 
 log = logging.getLogger("sglang_hvd")
+LOG_EVERY_S = 60.0  # a one-line HVD summary in the server log at most this often
 
 
 class HVDEagleWorkerV2(EAGLEWorkerV2):
@@ -47,6 +48,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_errors = 0
         self._hvd_error_logged = False
         self.hvd_step_us = 0.0
+        self._hvd_last_log = time.monotonic()
         if self.hvd is not None:
             g = self.hvd.gate
             log.info("HVD worker active: gate %s (threshold %g), drafter %s, recording %s",
@@ -93,6 +95,12 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         substitute_rows(spec.draft_token, n, use, tokens, lens)
         self._hvd_pending = (rids, eagle_rows)
         self.hvd_step_us = (time.perf_counter() - start) * 1e6
+        if self.hvd is not None and time.monotonic() - self._hvd_last_log > LOG_EVERY_S:
+            self._hvd_last_log = time.monotonic()
+            s = self.hvd.summary()
+            log.info("HVD: %d steps, cache pick rate %.2f, mean accept cache %.2f / EAGLE3 %.2f, %.0f us CPU per step, "
+                     "%d gate errors, %d step errors", s["steps"], s["cache_pick_rate"], s["cache_mean_accept"],
+                     s["eagle3_mean_accept"], s["cpu_us_per_step"], s["gate_errors"], self._hvd_errors)
 
     def _hvd_broadcast(self, use, tokens, lens):
         """Rank 0's decision to every TP rank, as one int64 tensor [bs, 2 + (N-1)]."""
