@@ -124,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
 
         server_args = parse_server_args(rest)
         validate(config, getattr(server_args, "tokenizer_path", None) or getattr(server_args, "model_path", None))
-        os.environ.update(config.to_env())
         if config.enable:
             from .patches.checks import check_server_args, check_sglang_version
 
@@ -133,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     except HvdInputError as e:
         print(f"sglang_hvd.launch_server: error: {e}", file=sys.stderr)
         return 2
+    # Only now, with everything checked: SGLang's spawned processes inherit these.
+    os.environ.update(config.to_env())
     run(server_args)
     return 0
 

@@ -95,6 +95,8 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
     assert "gate directory not found" in capsys.readouterr().err
     assert launch_server.main(BASE_ARGS[:-1] + ["--hvd-gate", os.path.join(demo_dir, "gate")]) == 2
     assert "pass --disable-overlap-schedule" in capsys.readouterr().err
+    # A refused launch leaves the caller's environment alone (no HVD switched on for later servers).
+    assert not any(k.startswith("SGLANG_HVD_") for k in os.environ)
 
 
 def test_launcher_refuses_a_gate_trained_on_another_tokenizer(demo_dir, qwen_dir, tmp_path, capsys):

@@ -187,7 +187,9 @@ class SGLangServer:
 
 
 def server_env(extra_env: dict | None = None) -> dict:
-    env = dict(os.environ)
+    # HVD switches reach a server only when a test passes them: a developer's shell (or an
+    # earlier test) must not turn a plain EAGLE3 server into an HVD one.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_HVD_")}
     env.update(BASE_ENV)
     paths = [SITE_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
