@@ -28,6 +28,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str, 
         if kind not in (int, float, str):
             continue
         group.add_argument(flag, dest=_dest(prefix, f.name), type=kind, default=f.default,
+                           metavar={int: "N", float: "X", str: "TEXT"}[kind],
                            help=f.metadata["help"] + " (default: %(default)s)")
 
 

@@ -22,8 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hvd train",
         description=(
             "Train the payoff gate: split requests by conversation (train / validation / optional held-out "
-            "test), replay them in dense mode (a cache draft at every output position, labelled with its true "
-            "accepted length), fit an MLP with MSE (torch, CPU), calibrate the decision threshold on validation "
+            "test), replay them to label cache drafts with their true accepted length (by default the drafts met "
+            "where serving walks of baseline policies stand; --rows dense: every output position), fit an MLP "
+            "with MSE (torch, CPU), calibrate the decision threshold on validation "
             "replay by modelled decode time, check the ONNX export against torch, and write GATE_DIR with "
             "gate.onnx, gate.json, token_flags.npy and metrics.json. Needs the `train` extra (torch, onnx)."
         ),
