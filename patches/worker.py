@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 import torch
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_hvd.serving.config import HVDServingConfig
@@ -49,8 +49,15 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_error_logged = False
         self.hvd_step_us = 0.0
         self._hvd_last_log = time.monotonic()
+        self._hvd_metrics = None
+        if self.hvd is not None and getattr(get_observability(), "enable_metrics", False):
+            try:
+                from .metrics import HVDMetrics
+
+                self._hvd_metrics = HVDMetrics()
+            except Exception as e:  # metrics are optional; serving is not
+                log.warning("HVD Prometheus metrics unavailable (%s)", e)
         if self.hvd is not None:
-            g = self.hvd.gate
             log.info("HVD worker active: gate %s (threshold %g), drafter %s, recording %s",
                      self.hvd_config.gate, self.hvd.threshold, self.hvd.drafter.name,
                      self.hvd_config.record_traces or "off")
@@ -95,6 +102,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         substitute_rows(spec.draft_token, n, use, tokens, lens)
         self._hvd_pending = (rids, eagle_rows)
         self.hvd_step_us = (time.perf_counter() - start) * 1e6
+        if self._hvd_metrics is not None:
+            self._hvd_metrics.update(self.hvd.summary())
         if self.hvd is not None and time.monotonic() - self._hvd_last_log > LOG_EVERY_S:
             self._hvd_last_log = time.monotonic()
             s = self.hvd.summary()

@@ -133,3 +133,18 @@ def test_recorder_drops_rather_than_blocks(tmp_path):
     assert rec.record(r) is True
     rec.close()
     assert [x.req_id for x in iter_traces(str(tmp_path / "t.jsonl.gz"))] == ["a"]
+
+
+def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
+    rec = TraceRecorder(str(tmp_path / "t.jsonl"))
+    st = HVDStepper(create_drafter("python"), None, recorder=rec)
+    st.sync("r", [1, 2, 3, 1, 2, 3, 1, 2], [])
+    d = st.decide(["r"], 3)
+    st.verified(["r"], [3], np.array([[9, 9, 9]]))  # EAGLE3 row (no gate): 3 accepted + bonus = 4 tokens
+    st.sync("r", [1, 2, 3, 1, 2, 3, 1, 2], [9, 9, 9, 4])
+    st.finish("r", final_output=[9, 9])  # max_new_tokens=2 cut the run
+    rec.close()
+    (r,) = iter_traces(str(tmp_path / "t.jsonl"))
+    assert r.output_ids.tolist() == [9, 9]
+    assert [(s.pos, s.src, s.draft, s.accept_len) for s in r.steps] == [(0, "eagle3", (9, 9, 9), 2)]
+    assert not d.use_cache[0]

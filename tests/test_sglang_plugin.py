@@ -163,6 +163,7 @@ def _bare_worker(demo_dir, tmp_path):
     w._hvd_tp_size, w._hvd_tp_rank, w._hvd_tp_group = 1, 0, None
     w._hvd_reqs, w._hvd_pending, w._hvd_errors, w._hvd_error_logged, w.hvd_step_us = {}, None, 0, False, 0.0
     w._hvd_last_log = 0.0
+    w._hvd_metrics = None
     return w
 
 

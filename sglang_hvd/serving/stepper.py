@@ -106,7 +106,9 @@ class HVDStepper:
             self.recorder.record(TraceRecord(
                 req_id=rid, conv_id=rid, turn=0, source=self.source, tokenizer=self.tokenizer,
                 prompt_ids=token_array(st.prompt), output_ids=token_array(st.output),
-                steps=tuple(s for s in st.steps if s.pos < len(st.output)),
+                # A stop or max_new_tokens may cut the last verify's accepted run short.
+                steps=tuple(dataclasses.replace(s, accept_len=min(s.accept_len, len(st.output) - s.pos))
+                            for s in st.steps if s.pos < len(st.output)),
             ))
 
     def running(self) -> list[str]:

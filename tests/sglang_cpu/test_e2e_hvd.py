@@ -75,7 +75,7 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
     configs = {
         "reference": dict(extra_args=[]),
         "eagle3": dict(extra_args=eagle),
-        "hvd": dict(extra_args=eagle, env={"SGLANG_HVD_ENABLE": "1", "SGLANG_HVD_GATE": qwen_gate,
+        "hvd": dict(extra_args=eagle + ["--enable-metrics"], env={"SGLANG_HVD_ENABLE": "1", "SGLANG_HVD_GATE": qwen_gate,
                                            "SGLANG_HVD_THRESHOLD": "-1", "SGLANG_HVD_DRAFTER": "native",
                                            "SGLANG_HVD_RECORD_TRACES": str(work / "served.jsonl")}),
         "hvd_broken": dict(extra_args=eagle + ["--hvd-gate", broken], launcher="sglang_hvd.launch_server"),
@@ -87,6 +87,12 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
             rounds = [server.generate_many(PROMPTS) for _ in range(2)]
             extra = {}
             if name == "hvd":
+                import time
+                import urllib.request
+
+                time.sleep(1.5)  # gauges are refreshed at most once a second
+                server.generate_many(PROMPTS[:2])
+                extra["metrics"] = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
                 extra["collect"] = _collect(server, work)
                 extra["frontend"] = _frontend(server.url)
             if name == "reference":
@@ -180,6 +186,11 @@ def test_cache_drafts_lift_accept_length_when_the_cache_knows_the_answer(runs):
     assert stats[0]["cache_mean_accept"] > 1.5 > stats[0]["eagle3_mean_accept"]
 
 
+def test_prometheus_metrics_carry_hvd_gauges(runs):
+    lines = [l for l in runs["hvd"]["metrics"].splitlines() if l.startswith("sglang:hvd_cache_pick_rate")]
+    assert lines and float(lines[0].split()[-1]) > 0.0
+
+
 def test_a_gate_failing_at_run_time_leaves_the_server_serving(runs):
     stats = [s["hvd"] for s in runs["hvd_broken"]["info"]["internal_states"] if "hvd" in s][0]
     assert stats["gate_errors"] > 0 and stats["cache_pick_rate"] < 0.2
@@ -197,7 +208,7 @@ def test_recorded_traces_replay_to_the_served_outputs(runs):
     collected = len(runs["hvd"]["collect"]["records"])
     assert len(records) >= 2 * len(PROMPTS) + collected  # hvd collect's requests were served (and recorded) too
     records = [r for r in records if tuple(r.prompt_ids.tolist()) in served]
-    assert len(records) == 2 * len(PROMPTS)
+    assert len(records) == 2 * len(PROMPTS) + 2  # two rounds, plus the two sent before reading /metrics
     cached_steps = 0
     for r in records:
         assert r.output_ids.tolist() == served[tuple(r.prompt_ids.tolist())]

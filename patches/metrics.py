@@ -1,0 +1,35 @@
+"""HVD figures as Prometheus gauges, beside SGLang's own (``--enable-metrics``).
+
+SGLang runs prometheus_client in multiprocess mode: gauges created in the scheduler
+process are collected by the HTTP server's ``/metrics``. Updated at most once a second.
+"""
+
+from __future__ import annotations
+
+import time
+
+GAUGES = {
+    "steps": "HVD decode steps judged",
+    "cache_pick_rate": "Share of verify rows that checked the cache draft",
+    "cache_mean_accept": "Mean accepted draft tokens of cache-draft rows",
+    "eagle3_mean_accept": "Mean accepted draft tokens of EAGLE3 rows",
+    "cpu_us_per_step": "CPU microseconds of drafting and gating per decode step",
+    "gate_errors": "Steps whose gate call failed (they verified EAGLE3 drafts)",
+    "recorded_dropped": "Trace records dropped because the recorder queue was full",
+}
+
+
+class HVDMetrics:
+    def __init__(self):
+        from prometheus_client import Gauge
+
+        self._gauges = {k: Gauge(f"sglang:hvd_{k}", doc, multiprocess_mode="mostrecent") for k, doc in GAUGES.items()}
+        self._last = 0.0
+
+    def update(self, summary: dict) -> None:
+        now = time.monotonic()
+        if now - self._last < 1.0:
+            return
+        self._last = now
+        for key, gauge in self._gauges.items():
+            gauge.set(float(summary.get(key, 0.0)))
