@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 
@@ -80,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     if args.limit:
         records = itertools.islice(records, args.limit)
 
-    with (atomic_output(args.steps) if args.steps else _nothing()) as steps_file:
+    with (atomic_output(args.steps) if args.steps else contextlib.nullcontext()) as steps_file:
         write_step = (lambda s: steps_file.write(dump_line(_step_json(s)))) if steps_file else None
         bar = progress(desc="replay", unit="req")
         with bar:
@@ -102,14 +103,6 @@ def main(args: argparse.Namespace) -> int:
                            eagle3=dataclasses.asdict(acceptance), memory=mem, skipped_lines=report.num_skipped)
         write_json(args.json, result_json)
     return 0
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _ticking(records, bar):
