@@ -6,6 +6,12 @@ from importlib import metadata
 
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.serving.config import PREFIX, TESTED_SGLANG_VERSION, HVDServingConfig
+from sglang_hvd.verify import VerifyShape
+
+SHAPE_FLAGS = (("speculative_eagle_topk", "--speculative-eagle-topk"), ("speculative_num_steps", "--speculative-num-steps"),
+               ("speculative_num_draft_tokens", "--speculative-num-draft-tokens"))
+# Attention backends whose target verify cannot take a tree (SGLang refuses topk > 1 there).
+CHAIN_ONLY_BACKENDS = ("trtllm_mha",)
 
 
 class UnsupportedSetup(HvdInputError):
@@ -28,9 +34,14 @@ def check_server_args(server_args) -> None:
     algo = str(getattr(server_args, "speculative_algorithm", None) or "")
     if algo.upper() != "EAGLE3":
         raise UnsupportedSetup(f"HVD runs on the EAGLE3 verify path: pass --speculative-algorithm EAGLE3 (got {algo or 'none'})")
-    if getattr(server_args, "speculative_eagle_topk", 1) not in (None, 1):
-        raise UnsupportedSetup("HVD needs chain drafts: pass --speculative-eagle-topk 1 "
-                               f"(got {server_args.speculative_eagle_topk}); tree drafts are not supported yet")
+    topk = getattr(server_args, "speculative_eagle_topk", None) or 1
+    if topk > 1:
+        for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
+            backend = getattr(server_args, name, None)
+            if backend in CHAIN_ONLY_BACKENDS:
+                raise UnsupportedSetup(f"--{name.replace('_', '-')} {backend} verifies chains only, but "
+                                       f"--speculative-eagle-topk {topk} makes tree rows: choose another attention "
+                                       "backend (e.g. flashinfer or fa3) or a topk-1 gate")
     if getattr(server_args, "pp_size", 1) != 1:
         raise UnsupportedSetup(f"HVD does not support pipeline parallelism yet (--pp-size {server_args.pp_size}); use --pp-size 1")
     if not getattr(server_args, "disable_overlap_schedule", False):
@@ -39,5 +50,22 @@ def check_server_args(server_args) -> None:
     if getattr(server_args, "speculative_use_rejection_sampling", False):
         raise UnsupportedSetup("HVD replaces draft rows but not their draft probabilities: drop "
                                "--speculative-use-rejection-sampling")
+    if getattr(server_args, "speculative_adaptive", False):
+        raise UnsupportedSetup("HVD's gate is trained for one verify shape, but --speculative-adaptive changes the steps and "
+                               "draft tokens at run time: drop --speculative-adaptive")
     if getattr(server_args, "enable_multi_layer_eagle", False):
         raise UnsupportedSetup("HVD patches the single-layer EAGLE3 worker: drop --enable-multi-layer-eagle")
+
+
+def served_shape(server_args) -> VerifyShape:
+    """The verify shape the server will run, from its arguments (all three flags given)."""
+    values = {name: getattr(server_args, name, None) for name, _ in SHAPE_FLAGS}
+    missing = [flag for name, flag in SHAPE_FLAGS if values[name] is None]
+    if missing:
+        raise UnsupportedSetup(f"HVD needs the verify shape its gate was trained for: pass {', '.join(missing)} "
+                               "(SGLang would choose them itself); `hvd eval --gate GATE_DIR` prints the gate's shape")
+    try:
+        return VerifyShape(topk=values["speculative_eagle_topk"], steps=values["speculative_num_steps"],
+                           nodes=values["speculative_num_draft_tokens"])
+    except ValueError as e:
+        raise UnsupportedSetup(f"{' / '.join(flag for _, flag in SHAPE_FLAGS)}: {e}") from None

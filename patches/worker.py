@@ -1,17 +1,20 @@
-"""The HVD worker: SGLang's EAGLEWorkerV2 with cache drafts swapped into chosen rows.
+"""The HVD worker: SGLang's EAGLEWorkerV2 with cache drafts written into chosen rows.
 
 Per decode step, before SGLang's own verify (``verify`` is the one override on the hot
 path): bring the cache drafter up to date with every request of the batch, let the
-stepper (drafter + features + gate, sglang_hvd/serving/stepper.py) choose rows, and
-write the chosen cache drafts into ``batch.spec_info.draft_token`` in place
-(patches/rows.py). Verification, KV handling, grammar, logprobs and EAGLE3's own
-draft-extend then run unchanged. Accepted counts come back through
-``on_verify_complete_cpu``; finished requests leave through ``note_request_finished``
-(their response stays in the drafter's global cache); ``clear_cache_pool`` resets.
+stepper (drafter + policy.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's
+tree, a cache chain, or both as two branches), and write the plans into
+``batch.spec_info`` in place (patches/rows.py: tokens only for topk 1; tokens,
+positions, links and mask for topk > 1, with the accept width raised to N).
+Verification, KV handling, grammar, logprobs and EAGLE3's own draft extend then run
+unchanged. Accepted counts come back through ``on_verify_complete_cpu``; finished
+requests leave through ``note_request_finished`` (their response stays in the drafter's
+global cache); ``clear_cache_pool`` resets.
 
-With tensor parallelism only TP rank 0 runs the stepper; its decision is broadcast over
-SGLang's TP group so that every rank verifies identical rows. Anything that goes wrong in
-HVD's part of a step is logged once, counted, and that step verifies EAGLE3's rows.
+With tensor parallelism only TP rank 0 runs the stepper; every rank takes part in the
+broadcast of its plans at every eligible step (a failure on rank 0 broadcasts "EAGLE3
+everywhere"), so all ranks verify identical rows. Anything that goes wrong in HVD's part
+of a step is logged once, counted, and that step verifies EAGLE3's rows.
 """
 
 from __future__ import annotations
@@ -19,15 +22,15 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
-import torch
 from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.factory import build_stepper
+from sglang_hvd.verify import VerifyShape
 
-from .rows import substitute_rows
+from .rows import Staging, pack_plans, rewrite_tree_rows, substitute_chains, widen
+from .tp import broadcast_plans
 
 log = logging.getLogger("sglang_hvd")
 LOG_EVERY_S = 60.0  # a one-line HVD summary in the server log at most this often
@@ -41,10 +44,13 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_tp_size = getattr(parallel, "tp_size", 1) or 1
         self._hvd_tp_rank = getattr(parallel, "tp_rank", 0) or 0
         self._hvd_tp_group = getattr(parallel, "tp_group", None)
+        self.hvd_shape = VerifyShape(topk=self.topk, steps=self.speculative_num_steps,
+                                     nodes=self.speculative_num_draft_tokens)
         # Only TP rank 0 drafts and gates; other ranks receive its decision.
-        self.hvd = build_stepper(self.hvd_config) if self._hvd_tp_rank == 0 else None
+        self.hvd = build_stepper(self.hvd_config, self.hvd_shape) if self._hvd_tp_rank == 0 else None
+        self._hvd_staging = Staging()
         self._hvd_reqs: dict = {}  # rid -> Req, for requests the stepper tracks
-        self._hvd_pending: tuple[list[str], np.ndarray | None] | None = None
+        self._hvd_pending = None  # (rids, EAGLE3 chains or None) of the step being verified
         self._hvd_errors = 0
         self._hvd_error_logged = False
         self.hvd_step_us = 0.0
@@ -58,66 +64,88 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             except Exception as e:  # metrics are optional; serving is not
                 log.warning("HVD Prometheus metrics unavailable (%s)", e)
         if self.hvd is not None:
-            log.info("HVD worker active: gate %s (threshold %g), drafter %s, recording %s",
-                     self.hvd_config.gate, self.hvd.threshold, self.hvd.drafter.name,
-                     self.hvd_config.record_traces or "off")
+            log.info("HVD worker active: gate %s (threshold %g, EAGLE3 reserve %d), verify rows of %s, drafter %s, "
+                     "recording %s", self.hvd_config.gate, self.hvd.threshold, self.hvd.rule.eagle_reserve,
+                     self.hvd_shape.describe(), self.hvd.drafter.name, self.hvd_config.record_traces or "off")
 
     # -- the step ----------------------------------------------------------------------
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
-        try:
-            self._hvd_prepare(batch)
-        except Exception as e:  # HVD must never take the server down: verify EAGLE3's rows
-            self._hvd_pending = None
-            self._hvd_errors += 1
-            if not self._hvd_error_logged:
-                log.exception("HVD step failed (%s); this step verifies EAGLE3 drafts. Further failures are counted.", e)
-                self._hvd_error_logged = True
+        start = time.perf_counter()
+        if self._hvd_eligible(batch):
+            packed = None
+            try:
+                packed = self._hvd_plan(batch)
+            except Exception as e:  # HVD must never take the server down: verify EAGLE3's rows
+                self._hvd_failed(e)
+            n = batch.spec_info.draft_token_num
+            if self._hvd_tp_size > 1:  # every rank, every eligible step, whatever rank 0's step did
+                packed = broadcast_plans(packed, len(batch.reqs), n, self._hvd_tp_group, self._hvd_tp_rank, self.device)
+            if packed is not None:
+                try:
+                    self._hvd_write(batch.spec_info, packed)
+                except Exception as e:
+                    self._hvd_pending = None
+                    self._hvd_failed(e)
+            self.hvd_step_us = (time.perf_counter() - start) * 1e6
+            self._hvd_report()
         return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
 
-    def _hvd_prepare(self, batch) -> None:
-        self._hvd_pending = None
+    @staticmethod
+    def _hvd_eligible(batch) -> bool:
+        """Same answer on every TP rank (it reads only the batch)."""
         spec = batch.spec_info
-        n = int(getattr(spec, "draft_token_num", 0) or 0)
-        if batch.forward_mode.is_idle() or n <= 1 or not batch.reqs:
-            return
-        start = time.perf_counter()
+        return (not batch.forward_mode.is_idle() and int(getattr(spec, "draft_token_num", 0) or 0) > 1
+                and bool(batch.reqs))
+
+    def _hvd_failed(self, e: Exception) -> None:
+        self._hvd_errors += 1
+        if not self._hvd_error_logged:
+            log.exception("HVD step failed (%s); this step verifies EAGLE3 drafts. Further failures are counted.", e)
+            self._hvd_error_logged = True
+
+    def _hvd_plan(self, batch):
+        """Rank 0: the packed row plans [bs, 2 + (N-1)] of this step (pack_plans)."""
+        self._hvd_pending = None
+        if self.hvd is None:
+            return None
+        spec = batch.spec_info
         rids = [req.rid for req in batch.reqs]
-        bs = len(rids)
-        use = np.zeros(bs, dtype=bool)
-        tokens = np.zeros((bs, n - 1), dtype=np.int64)
-        lens = np.zeros(bs, dtype=np.int64)
+        for req in batch.reqs:
+            self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids)
+            self._hvd_reqs[req.rid] = req
+        self._hvd_collect_departed(set(rids))
+        plans = self.hvd.decide(rids)
         eagle_rows = None
-        if self.hvd is not None:
-            for req in batch.reqs:
-                self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids)
-                self._hvd_reqs[req.rid] = req
-            self._hvd_collect_departed(set(rids))
-            decision = self.hvd.decide(rids, n - 1)
-            use, tokens, lens = decision.use_cache, decision.cache_tokens.astype(np.int64), decision.cache_lens.astype(np.int64)
-            if self.hvd.recorder is not None:
-                eagle_rows = spec.draft_token.view(bs, n)[:, 1:].cpu().numpy()
-        if self._hvd_tp_size > 1:
-            use, tokens, lens = self._hvd_broadcast(use, tokens, lens)
-        substitute_rows(spec.draft_token, n, use, tokens, lens)
+        if self.hvd.recorder is not None and self.topk == 1:  # the EAGLE3 chains, for the recorded trace
+            n = spec.draft_token_num
+            eagle_rows = spec.draft_token.view(len(rids), n)[:, 1:].cpu().numpy()
         self._hvd_pending = (rids, eagle_rows)
-        self.hvd_step_us = (time.perf_counter() - start) * 1e6
+        return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens)
+
+    def _hvd_write(self, spec, packed) -> None:
+        if self.topk == 1:
+            substitute_chains(spec.draft_token, spec.draft_token_num, packed, self._hvd_staging)
+        elif rewrite_tree_rows(spec, packed, self._hvd_mask_mode(), self._hvd_staging):
+            widen(spec)
+
+    def _hvd_mask_mode(self) -> int:
+        """The layout SGLang built this step's tree mask in (build_eagle_verify_input's rule)."""
+        verify_mask = self.target_worker.model_runner.attn_backend.verify_mask
+        return int(verify_mask.mode if verify_mask is not None else self.draft_worker.tree_mask_mode)
+
+    def _hvd_report(self) -> None:
+        if self.hvd is None:
+            return
         if self._hvd_metrics is not None:
             self._hvd_metrics.update(self.hvd.summary())
-        if self.hvd is not None and time.monotonic() - self._hvd_last_log > LOG_EVERY_S:
+        if time.monotonic() - self._hvd_last_log > LOG_EVERY_S:
             self._hvd_last_log = time.monotonic()
             s = self.hvd.summary()
-            log.info("HVD: %d steps, cache pick rate %.2f, mean accept cache %.2f / EAGLE3 %.2f, %.0f us CPU per step, "
-                     "%d gate errors, %d step errors", s["steps"], s["cache_pick_rate"], s["cache_mean_accept"],
-                     s["eagle3_mean_accept"], s["cpu_us_per_step"], s["gate_errors"], self._hvd_errors)
-
-    def _hvd_broadcast(self, use, tokens, lens):
-        """Rank 0's decision to every TP rank, as one int64 tensor [bs, 2 + (N-1)]."""
-        packed = np.concatenate([use[:, None].astype(np.int64), lens[:, None], tokens], axis=1)
-        t = torch.from_numpy(packed).to(self.device)
-        self._hvd_tp_group.broadcast(t, src=0)
-        packed = t.cpu().numpy()
-        return packed[:, 0].astype(bool), packed[:, 2:], packed[:, 1]
+            log.info("HVD: %d steps, cache pick rate %.2f (two-branch %.2f), mean accept cache %.2f / EAGLE3 %.2f, "
+                     "%.0f us CPU per step, %d gate errors, %d step errors", s["steps"], s["cache_pick_rate"],
+                     s["two_branch_rate"], s["cache_mean_accept"], s["eagle3_mean_accept"], s["cpu_us_per_step"],
+                     s["gate_errors"], self._hvd_errors)
 
     def _hvd_collect_departed(self, present: set[str]) -> None:
         # Requests that finished without note_request_finished (e.g. at prefill) or were aborted.

@@ -1,4 +1,6 @@
-"""Training data: dense replay of traces -> feature matrix, labels, conversation ids."""
+"""Training data: replay of traces at the verify shape -> feature matrix, labels, conversation ids.
+
+Labels are what a cache chain of the whole row would accept: min(LCP, N-1)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, FeatureInput
+from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor
 from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.engine import iter_serving
 from sglang_hvd.replay.labelled import iter_labelled
@@ -34,22 +36,24 @@ ROW_MODES = ("dense", "serving")
 
 
 class _Recorder:
-    """Wraps a behaviour policy: records the feature row and label of every draft it sees."""
+    """Wraps a behaviour policy: records the feature input and label of every draft it
+    sees, in the request state its walk built (features are extracted per request, in one
+    batch, by the extractor the gate serves with)."""
 
     needs_draft = True
-    needs_history = True
+    needs_state = True
 
     def __init__(self, inner, sink: list):
         self.inner, self.sink, self.name = inner, sink, f"behaviour:{inner.name}"
 
     def decide(self, view):
         if view.draft.tokens:
-            self.sink.append((FeatureInput(view.draft, view.pos, view.num_prompt_tokens, view.tail, view.history.scalars()),
-                              view.oracle_accept_len, len(view.draft.tokens)))
+            self.sink.append((view.state.feature_input(view.draft), view.oracle_accept_len, len(view.draft.tokens)))
+            view.state.record(view.draft.tokens)
         return self.inner.decide(view)
 
 
-def _serving_rows(records, drafter, extractor, acceptance, bar):
+def _serving_rows(records, drafter, extractor, model, bar):
     """Rows at the positions serving walks visit, with the history those walks build.
 
     Behaviour policies: cache_only, eagle3_only (drafting, never verifying drafts), the
@@ -57,10 +61,10 @@ def _serving_rows(records, drafter, extractor, acceptance, bar):
     picks either source.
     """
     sink: list = []
-    behaviour = [CacheOnly(), Eagle3Only(), ScoreRule(1.5), Oracle(acceptance.expected_tokens_per_cycle)]
+    behaviour = [CacheOnly(), Eagle3Only(), ScoreRule(1.5), Oracle(model.eagle3_tokens)]
     policies = [_Recorder(p, sink) for p in behaviour]
     for record in records:
-        for _ in iter_serving([record], drafter, policies, acceptance):
+        for _ in iter_serving([record], drafter, policies, model):
             pass
         rows, labels, dlen = zip(*sink) if sink else ((), (), ())
         sink.clear()
@@ -68,18 +72,15 @@ def _serving_rows(records, drafter, extractor, acceptance, bar):
         yield record, extractor(list(rows)), np.array(labels, dtype=np.int32), np.array(dlen, dtype=np.int32)
 
 
-def _dense_rows(records, drafter, extractor, acceptance, bar):
+def _dense_rows(records, drafter, extractor, model, bar):
     for req in iter_labelled(records, drafter, extractor):
         bar.update(len(req.record.output_ids))
-        labels = req.accept_len
-        if acceptance.max_cache_tokens:  # what a verify of limited width would accept
-            labels = np.minimum(labels, acceptance.max_cache_tokens)
-        yield req.record, req.features, labels, req.draft_len
+        yield req.record, req.features, np.minimum(req.accept_len, model.shape.draft_nodes), req.draft_len
 
 
 def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_config: DrafterConfig,
                   token_flags: np.ndarray, desc: str = "features", rows: str = "dense",
-                  acceptance: VerifyModel | None = None) -> Dataset:
+                  model: VerifyModel | None = None) -> Dataset:
     """Replay ``records`` in order (one shared drafter) and label cache drafts.
 
     rows="dense": every non-empty draft at every output position (the paper's mode).
@@ -92,9 +93,9 @@ def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_con
     feats, labels, dlen, convs, sources = [], [], [], [], []
     with progress(total=sum(len(r.output_ids) for r in records), desc=desc, unit="tok") as bar:
         if rows == "dense":
-            stream = _dense_rows(records, drafter, extractor, acceptance or VerifyModel(), bar)
+            stream = _dense_rows(records, drafter, extractor, model or VerifyModel(), bar)
         else:
-            stream = _serving_rows(records, drafter, extractor, acceptance or VerifyModel(), bar)
+            stream = _serving_rows(records, drafter, extractor, model or VerifyModel(), bar)
         for record, x, y, d in stream:
             feats.append(x)
             labels.append(y)

@@ -13,14 +13,14 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any
 
 import numpy as np
 import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from sglang_hvd.gate import FILES, INPUT_NAME, OUTPUT_NAME
+from sglang_hvd.gate import INPUT_NAME, OUTPUT_NAME
+from sglang_hvd.gate_spec import FILES, GateSpec
 
 from .mlp import GateMLP
 
@@ -76,14 +76,14 @@ def parity(proto: onnx.ModelProto, model: GateMLP, rows: np.ndarray) -> float:
     return float(np.max(np.abs(got - want))) if len(x) else 0.0
 
 
-def write_gate_dir(out_dir: str, model: GateMLP, spec: dict[str, Any], token_flags: np.ndarray,
+def write_gate_dir(out_dir: str, model: GateMLP, spec: GateSpec, token_flags: np.ndarray,
                    parity_rows: np.ndarray, max_abs_diff: float = 1e-4) -> float:
     """Export, check parity, then write the gate directory atomically. Returns the parity."""
     proto = to_onnx(model)
     diff = parity(proto, model, parity_rows)
     if not diff <= max_abs_diff:
         raise ExportParityError(f"onnxruntime differs from torch by {diff:.3g} (> {max_abs_diff:g}) on held-out rows")
-    spec = {**spec, "export": {"opset": OPSET, "parity_max_abs_diff": diff, "parity_rows": int(len(parity_rows))}}
+    data = {**spec.to_json(), "export": {"opset": OPSET, "parity_max_abs_diff": diff, "parity_rows": int(len(parity_rows))}}
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", dir=parent)
@@ -91,7 +91,7 @@ def write_gate_dir(out_dir: str, model: GateMLP, spec: dict[str, Any], token_fla
         onnx.save(proto, os.path.join(tmp, "gate.onnx"))
         np.save(os.path.join(tmp, "token_flags.npy"), token_flags.astype(np.uint16))
         with open(os.path.join(tmp, "gate.json"), "w", encoding="utf-8") as f:
-            json.dump(spec, f, indent=2)
+            json.dump(data, f, indent=2)
             f.write("\n")
         if os.path.exists(out_dir):
             leftovers = set(os.listdir(out_dir)) - set(FILES) - {"metrics.json", "calibration.png"}

@@ -1,4 +1,5 @@
-"""``hvd train`` end to end: split, label by dense replay, train, calibrate, export."""
+"""``hvd train`` end to end: split, label by replay at the verify shape, train,
+calibrate the decision rule, export."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import numpy as np
 from sglang_hvd import __version__
 from sglang_hvd.drafter import DrafterConfig
 from sglang_hvd.drafter.native_drafter import default_drafter_name
-from sglang_hvd.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
-from sglang_hvd.gate import GATE_FORMAT_VERSION, Gate
+from sglang_hvd.gate import Gate
+from sglang_hvd.gate_spec import GateSpec, GateSplit
+from sglang_hvd.policy import DecisionRule
 from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.cost import CostModel
 from sglang_hvd.replay.metrics import HIGH_PAYOFF_ACCEPT_LEN
-from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, sweep
+from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, default_reserves, sweep
 from sglang_hvd.trace import TokenizerId, TraceRecord
 
 from .dataset import build_dataset, records_digest
@@ -30,13 +32,15 @@ class TrainOptions:
     validation_fraction: float = 0.2
     test_fraction: float = 0.0
     split_seed: int = 0
+    split_by: str = "conversation"  # split.GROUPINGS
     model: TrainConfig = TrainConfig()
     rows: str = "serving"  # which drafts become training rows: dataset.ROW_MODES
     drafter_name: str = dataclasses.field(default_factory=default_drafter_name)
     drafter: DrafterConfig = DrafterConfig()
-    acceptance: VerifyModel = VerifyModel()
+    verify: VerifyModel = VerifyModel()
     costs: CostModel = CostModel()
     threshold: float | None = None  # fixed threshold; None calibrates it
+    eagle_reserve: int | None = None  # fixed EAGLE3 reserve; None calibrates it
     gate_thresholds: tuple[float, ...] = DEFAULT_GATE_THRESHOLDS
     rule_thresholds: tuple[float, ...] = DEFAULT_RULE_THRESHOLDS
     parity_rows: int = 4096
@@ -55,17 +59,17 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     import torch
 
     t0 = time.perf_counter()
-    side = split_conversations(records, opts.validation_fraction, opts.test_fraction, opts.split_seed)
+    side = split_conversations(records, opts.validation_fraction, opts.test_fraction, opts.split_seed, opts.split_by)
     parts = {name: [r for r in records if side[r.conv_id] == name] for name in (TRAIN, VALIDATION, TEST)}
     if not parts[TRAIN] or not parts[VALIDATION]:
         raise ValueError(f"need conversations on both the train and validation sides; got {len(parts[TRAIN])} train "
                          f"and {len(parts[VALIDATION])} validation requests (add traces or change --validation-fraction)")
-    log(f"split by conversation: {len(parts[TRAIN])} train, {len(parts[VALIDATION])} validation, "
+    log(f"split by {opts.split_by}: {len(parts[TRAIN])} train, {len(parts[VALIDATION])} validation, "
         f"{len(parts[TEST])} held-out test requests")
     train = build_dataset(parts[TRAIN], opts.drafter_name, opts.drafter, token_flags, desc="label train",
-                          rows=opts.rows, acceptance=opts.acceptance)
+                          rows=opts.rows, model=opts.verify)
     val = build_dataset(parts[VALIDATION], opts.drafter_name, opts.drafter, token_flags, desc="label validation",
-                        rows=opts.rows, acceptance=opts.acceptance)
+                        rows=opts.rows, model=opts.verify)
     if len(train) == 0 or len(val) == 0:
         raise ValueError("no cache drafts to learn from (the traces never repeat themselves?)")
     t_label = time.perf_counter()
@@ -78,45 +82,41 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     with torch.no_grad():
         val_pred = fit.model(torch.from_numpy(val.features)).numpy()
 
-    spec = {
-        "format_version": GATE_FORMAT_VERSION,
-        "feature_schema_version": FEATURE_SCHEMA_VERSION,
-        "feature_names": list(FEATURE_NAMES),
-        "normalisation": "inside gate.onnx (Sub mean, Div std); feed raw features",
-        "threshold": opts.threshold if opts.threshold is not None else 1.0,
+    provenance = {
         "threshold_source": "fixed" if opts.threshold is not None else "calibrated",
-        "rule_threshold": None,
-        "drafter": dataclasses.asdict(opts.drafter),
-        "drafter_impl": opts.drafter_name,
-        "verify_model": dataclasses.asdict(opts.acceptance),
-        "costs": dataclasses.asdict(opts.costs),
-        "tokenizer": {"name": tokenizer.name, "digest": tokenizer.digest},
+        "eagle_reserve_source": "fixed" if opts.eagle_reserve is not None else "calibrated",
         "model": {"hidden": list(opts.model.hidden), "loss": "mse", "epochs": fit.epochs, "best_epoch": fit.best_epoch,
                   "seed": opts.model.seed},
-        "training": {"rows_mode": opts.rows, "digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]), "rows": len(train),
-                     "validation_requests": len(parts[VALIDATION]), "validation_rows": len(val)},
-        "split": {"seed": opts.split_seed, "validation_fraction": opts.validation_fraction,
-                  "test_fraction": opts.test_fraction,
-                  "test_conversations": sorted({r.conv_id for r in parts[TEST]}),
-                  "validation_conversations": sorted({r.conv_id for r in parts[VALIDATION]})},
+        "training": {"rows_mode": opts.rows, "digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]),
+                     "rows": len(train), "validation_requests": len(parts[VALIDATION]), "validation_rows": len(val)},
         "validation": {"mse": fit.validation_mse[fit.best_epoch - 1], **_high_payoff(val_pred, val.accept_len)},
         "sglang_hvd_version": __version__,
     }
+    spec = GateSpec(
+        decision=DecisionRule(opts.threshold if opts.threshold is not None else 1.0, opts.eagle_reserve or 0),
+        drafter=opts.drafter, verify=opts.verify, tokenizer=tokenizer, costs=opts.costs,
+        split=GateSplit(seed=opts.split_seed, validation_fraction=opts.validation_fraction,
+                        test_fraction=opts.test_fraction, group_by=opts.split_by,
+                        test_conversations=tuple(sorted({r.conv_id for r in parts[TEST]})),
+                        validation_conversations=tuple(sorted({r.conv_id for r in parts[VALIDATION]}))),
+        drafter_impl=opts.drafter_name, provenance=provenance)
     # Calibrate on validation conversations, replayed as a server would run them.
     gate = Gate.in_memory(spec, token_flags.astype(np.uint16), to_onnx(fit.model).SerializeToString())
-    cal = sweep(parts[VALIDATION], gate, opts.drafter_name, opts.acceptance, opts.costs,
-                opts.gate_thresholds, opts.rule_thresholds)
-    if opts.threshold is None:
-        spec["threshold"] = cal.best_threshold
-    spec["rule_threshold"] = cal.best_rule_threshold
+    thresholds = (opts.threshold,) if opts.threshold is not None else opts.gate_thresholds
+    reserves = (opts.eagle_reserve,) if opts.eagle_reserve is not None else default_reserves(opts.verify.shape)
+    cal = sweep(parts[VALIDATION], gate, opts.drafter_name, opts.verify, opts.costs, thresholds, opts.rule_thresholds,
+                reserves)
+    spec = dataclasses.replace(spec, decision=cal.best, rule_threshold=cal.best_rule_threshold)
     t_cal = time.perf_counter()
-    log(f"calibrated on validation replay in {t_cal - t_fit:.0f} s: threshold {spec['threshold']:g} "
-        f"({spec['threshold_source']}), best rule constant {cal.best_rule_threshold:g}")
+    log(f"calibrated on validation replay in {t_cal - t_fit:.0f} s: threshold {cal.best.threshold:g} "
+        f"({provenance['threshold_source']}), EAGLE3 reserve {cal.best.eagle_reserve} "
+        f"({provenance['eagle_reserve_source']}), best rule constant {cal.best_rule_threshold:g}")
     rows = val.features[: opts.parity_rows]
     parity = write_gate_dir(out_dir, fit.model, spec, token_flags, rows)
     metrics = {
         "train_mse": fit.train_mse, "validation_mse": fit.validation_mse,
-        "validation": spec["validation"], "calibration": cal.to_json(),
+        "validation": provenance["validation"], "calibration": cal.to_json(), "decision": cal.best.to_json(),
+        "verify": opts.verify.to_json(),
         "parity_max_abs_diff": parity,
         "seconds": {"label": t_label - t0, "train": t_fit - t_label, "calibrate": t_cal - t_fit,
                     "total": time.perf_counter() - t0},

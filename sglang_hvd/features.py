@@ -75,8 +75,9 @@ class _Entry:
 class RequestHistory:
     """A request's recent cache drafts and what the tokens generated since reveal of them.
 
-    Call ``record(pos, draft)`` when a draft is made at output position ``pos`` (before
-    its verify), and ``observe(tokens)`` with every token the request emits, in order.
+    Call ``record(pos, draft_tokens)`` when a draft is made at output position ``pos``
+    (before its verify), and ``observe(tokens)`` with every token the request emits, in
+    order. policy.RequestState does both for the decision.
     """
 
     __slots__ = ("pos", "_recent", "_open", "resolved_sum", "resolved_count")
@@ -88,11 +89,11 @@ class RequestHistory:
         self.resolved_sum = 0
         self.resolved_count = 0
 
-    def record(self, pos: int, draft: Draft) -> None:
+    def record(self, pos: int, draft_tokens: tuple[int, ...]) -> None:
         if pos != self.pos:
             raise ValueError(f"draft recorded at position {pos}, but {self.pos} tokens were observed")
-        if draft.tokens:
-            entry = _Entry(pos, draft.tokens)
+        if draft_tokens:
+            entry = _Entry(pos, tuple(draft_tokens))
             self._recent.append(entry)
             self._open.append(entry)
 

@@ -3,67 +3,37 @@
 A gate directory holds:
   gate.onnx        input "features" [batch, F] float32 (raw features: standardisation is
                    inside the graph), output "accept_len" [batch] float32
-  gate.json        format and feature-schema versions, feature names in order, threshold,
-                   the drafter settings it was trained with, training data digest, metrics
+  gate.json        a GateSpec (gate_spec.py): format and feature-schema versions, feature
+                   names, the decision rule, the drafter settings, the verify shape and
+                   EAGLE3 curve it was trained for, the tokenizer, provenance
   token_flags.npy  structure flags per token id of the tokenizer it was trained with
 
 Everything is checked at load time (a missing file, a schema mismatch, a graph that does
 not run): a bad gate is an error when the server starts, never at the first decode step.
-Decision rule: verify the cache draft when the predicted accept_len > threshold.
+How predictions become row plans: policy.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 import numpy as np
 
-from .drafter.protocol import DrafterConfig
-from .errors import HvdInputError
-from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, FeatureExtractor
+from .features import FEATURE_NAMES, FeatureExtractor
+from .gate_spec import FILES, GATE_FORMAT_VERSION, GateError, GateSpec  # noqa: F401  (re-exported)
+from .policy import DecisionRule
 
-GATE_FORMAT_VERSION = 1
 INPUT_NAME, OUTPUT_NAME = "features", "accept_len"
-FILES = ("gate.onnx", "gate.json", "token_flags.npy")
-
-
-class GateError(HvdInputError):
-    """A gate directory that cannot be used; the message names the file and the fix."""
-
-
-def read_gate_json(gate_dir: str) -> dict[str, Any]:
-    if not os.path.isdir(gate_dir):
-        raise GateError(f"{gate_dir}: gate directory not found (train one with `hvd train TRACES -o {gate_dir}`)")
-    for name in FILES:
-        if not os.path.isfile(os.path.join(gate_dir, name)):
-            raise GateError(f"{os.path.join(gate_dir, name)}: missing; a gate directory holds {', '.join(FILES)}")
-    path = os.path.join(gate_dir, "gate.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GateError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(spec, dict):
-        raise GateError(f"{path}: expected a JSON object")
-    if spec.get("format_version") != GATE_FORMAT_VERSION:
-        raise GateError(f"{path}: gate format version {spec.get('format_version')!r}, this sglang-hvd reads {GATE_FORMAT_VERSION}")
-    schema = spec.get("feature_schema_version")
-    if schema != FEATURE_SCHEMA_VERSION or list(spec.get("feature_names", [])) != list(FEATURE_NAMES):
-        raise GateError(
-            f"{path}: trained on feature schema {schema!r} ({len(spec.get('feature_names', []))} features), but this "
-            f"sglang-hvd computes schema {FEATURE_SCHEMA_VERSION} ({len(FEATURE_NAMES)} features); retrain the gate "
-            "with this version (`hvd train`)"
-        )
-    return spec
 
 
 class Gate:
-    """Predicts accept_len for a batch of feature rows with one onnxruntime call."""
+    """Predicts accept_len for a batch of feature rows with one onnxruntime call.
+
+    ``spec`` (GateSpec) says what it was trained for; ``rule`` is the decision rule it
+    serves with (the spec's, or ``threshold`` when given)."""
 
     def __init__(self, gate_dir: str, threshold: float | None = None, intra_op_threads: int = 1):
-        spec = read_gate_json(gate_dir)
+        spec = GateSpec.read(gate_dir)
         flags_path = os.path.join(gate_dir, "token_flags.npy")
         try:
             token_flags = np.load(flags_path, allow_pickle=False)
@@ -72,22 +42,20 @@ class Gate:
         self._setup(spec, token_flags, os.path.join(gate_dir, "gate.onnx"), gate_dir, threshold, intra_op_threads)
 
     @classmethod
-    def in_memory(cls, spec: dict[str, Any], token_flags: np.ndarray, model: bytes, threshold: float | None = None) -> Gate:
-        """A gate from parts not yet written (training calibrates its threshold this way)."""
+    def in_memory(cls, spec: GateSpec, token_flags: np.ndarray, model: bytes, threshold: float | None = None) -> Gate:
+        """A gate from parts not yet written (training calibrates its decision rule this way)."""
         gate = cls.__new__(cls)
         gate._setup(spec, token_flags, model, "<in memory>", threshold, 1)
         return gate
 
-    def _setup(self, spec, token_flags, model, where: str, threshold, intra_op_threads: int) -> None:
+    def _setup(self, spec: GateSpec, token_flags, model, where: str, threshold, intra_op_threads: int) -> None:
         import onnxruntime as ort
 
         self.gate_dir = where
         self.spec = spec
-        self.threshold = float(spec["threshold"] if threshold is None else threshold)
-        try:
-            self.drafter_config = DrafterConfig(**spec["drafter"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise GateError(f"{where}: bad 'drafter' settings in gate.json ({e})") from e
+        self.rule = spec.decision if threshold is None else DecisionRule(float(threshold), spec.decision.eagle_reserve)
+        self.drafter_config = spec.drafter
+        self.verify_model = spec.verify
         if token_flags.ndim != 1 or token_flags.dtype != np.uint16:
             raise GateError(f"{where}: token_flags.npy must be a 1-D uint16 array, got {token_flags.dtype} {token_flags.shape}")
         self.token_flags = token_flags
@@ -109,10 +77,14 @@ class Gate:
             raise GateError(f"{where}: gate.onnx returned {probe.shape} / non-finite values on a probe batch")
         self.extractor = FeatureExtractor(self.token_flags, self.drafter_config)
 
+    @property
+    def threshold(self) -> float:
+        return self.rule.threshold
+
+    @property
+    def shape(self):
+        return self.verify_model.shape
+
     def predict(self, features: np.ndarray) -> np.ndarray:
         """``[batch, F]`` float32 -> predicted accept_len ``[batch]``."""
         return self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)})[0].reshape(-1)
-
-    def decide(self, features: np.ndarray) -> np.ndarray:
-        """``[batch]`` bool: verify the cache draft (predicted accept_len > threshold)."""
-        return self.predict(features) > self.threshold

@@ -1,141 +1,27 @@
 """``python -m sglang_hvd.launch_server``: SGLang's server with Hybrid Verified Decoding.
 
-Takes SGLang's own arguments plus ``--hvd-*`` flags. The HVD flags become environment
-variables (sglang_hvd/serving/config.py lists them) so SGLang's spawned scheduler
-processes see them; the gate, the drafter settings and the server arguments are checked
-before any model is loaded, and a problem exits with one line naming it (exit code 2).
+A thin door. Everything that knows SGLang lives in ``sglang_hvd.patches`` (this
+package's SGLang side); the runtime core never imports it. The door finds the launcher
+through the entry point that the package registers (group ``sglang_hvd.launchers``,
+name ``launch_server``) and hands it the command line: its ``--help`` lists the HVD
+flags and SGLang's own.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
+from importlib import metadata
 
-from .errors import HvdInputError
-from .serving.config import HVDServingConfig
-
-EXAMPLE = ("python -m sglang_hvd.launch_server --model-path Qwen/Qwen3-8B --speculative-algorithm EAGLE3 "
-           "--speculative-draft-model-path EAGLE3_DIR --speculative-eagle-topk 1 --speculative-num-steps 3 "
-           "--speculative-num-draft-tokens 4 --disable-overlap-schedule --hvd-gate GATE_DIR")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m sglang_hvd.launch_server", add_help=False, allow_abbrev=False,
-        description=(
-            "SGLang's server with Hybrid Verified Decoding: each decode step a cache draft (suffix trees over "
-            "the prompt, the output and earlier responses) replaces a request's EAGLE3 draft when the gate "
-            "predicts it pays off. All SGLang arguments work as usual; HVD needs --speculative-algorithm EAGLE3 "
-            "--speculative-eagle-topk 1 --disable-overlap-schedule. Example:\n  " + EXAMPLE
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    g = p.add_argument_group("HVD (each flag sets the SGLANG_HVD_* variable in parentheses)")
-    g.add_argument("-h", "--help", action="store_true", help="show this help and SGLang's own arguments")
-    g.add_argument("--hvd-gate", metavar="GATE_DIR", help="gate directory from `hvd train` (SGLANG_HVD_GATE); required")
-    g.add_argument("--hvd-threshold", type=float, metavar="T",
-                   help="verify the cache draft when the predicted accept length > T (SGLANG_HVD_THRESHOLD; default: the gate's)")
-    g.add_argument("--hvd-drafter", choices=("native", "python"),
-                   help="cache drafter implementation (SGLANG_HVD_DRAFTER; default: native when built)")
-    g.add_argument("--hvd-max-depth", type=int, help="suffix tree depth (SGLANG_HVD_MAX_DEPTH; default: the gate's)")
-    g.add_argument("--hvd-max-spec-tokens", type=int, help="longest cache draft (SGLANG_HVD_MAX_SPEC_TOKENS; default: the gate's)")
-    g.add_argument("--hvd-min-token-prob", type=float, help="drafter probability floor (SGLANG_HVD_MIN_TOKEN_PROB; default: the gate's)")
-    g.add_argument("--hvd-global-max-tokens", type=int,
-                   help="token budget of the cache of earlier responses (SGLANG_HVD_GLOBAL_MAX_TOKENS; default: the gate's)")
-    g.add_argument("--hvd-record-traces", metavar="PATH",
-                   help="append token traces of served requests to PATH, off the decode path (SGLANG_HVD_RECORD_TRACES)")
-    g.add_argument("--hvd-record-queue", type=int, default=4096,
-                   help="records queued before new ones are dropped, counted (SGLANG_HVD_RECORD_QUEUE; default: %(default)s)")
-    g.add_argument("--hvd-allow-sglang-version", metavar="VERSION",
-                   help="run on this sglang version although it is not the tested one (SGLANG_HVD_ALLOW_SGLANG_VERSION)")
-    g.add_argument("--hvd-disable", action="store_true", help="serve without HVD (plain SGLang), e.g. for an A/B run")
-    return p
-
-
-def config_from_args(args: argparse.Namespace) -> HVDServingConfig:
-    overrides = tuple((name, getattr(args, f"hvd_{name}")) for name in
-                      ("max_depth", "max_spec_tokens", "min_token_prob", "global_max_tokens")
-                      if getattr(args, f"hvd_{name}") is not None)
-    return HVDServingConfig(
-        enable=not args.hvd_disable, gate=args.hvd_gate, threshold=args.hvd_threshold, drafter=args.hvd_drafter,
-        drafter_overrides=overrides, record_traces=args.hvd_record_traces, record_queue=args.hvd_record_queue,
-        allow_sglang_version=args.hvd_allow_sglang_version,
-    )
-
-
-def check_tokenizer(gate, tokenizer_dir: str | None) -> None:
-    """The gate's features index token ids: refuse a server whose tokenizer differs.
-
-    Only checkable when the model (or --tokenizer-path) is a local folder with
-    tokenizer.json and tokenizer_config.json; hub ids are not downloaded here.
-    """
-    if not tokenizer_dir or not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
-        return
-    from .tokenizer import ChatTokenizer
-
-    try:
-        served = ChatTokenizer(tokenizer_dir).identity
-    except HvdInputError:
-        return  # not a tokenizer folder we can read; SGLang will judge it
-    want = gate.spec.get("tokenizer", {})
-    if want.get("digest") not in (None, served.digest):
-        raise HvdInputError(
-            f"the gate was trained on tokenizer {want.get('name')}@{want.get('digest')}, but the server's tokenizer "
-            f"({tokenizer_dir}) is {served.name}@{served.digest}: the gate's token features would be wrong; "
-            "train a gate on traces of this model (hvd collect / hvd import with its tokenizer, then hvd train)"
-        )
-
-
-def validate(config: HVDServingConfig, tokenizer_dir: str | None = None) -> None:
-    """Everything that can be checked before SGLang loads a model."""
-    if not config.enable:
-        return
-    from .serving.factory import load_gate
-
-    gate = load_gate(config)  # missing, corrupt or schema-mismatched gates stop here
-    check_tokenizer(gate, tokenizer_dir)
-    config.drafter_config(gate.drafter_config)
-    if config.drafter is not None:
-        from .drafter import available_drafters
-
-        if config.drafter not in available_drafters():
-            raise HvdInputError(f"--hvd-drafter {config.drafter}: not built here (available: {', '.join(available_drafters())})")
-    if config.record_traces:
-        folder = os.path.dirname(os.path.abspath(config.record_traces))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise HvdInputError(f"--hvd-record-traces {config.record_traces}: folder {folder} is missing or not writable")
+ENTRY_POINT_GROUP = "sglang_hvd.launchers"
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if args.help:
-        parser.print_help()
-        print()
-        from .patches.launch import print_sglang_help
-
-        print_sglang_help()
-        return 0
-    try:
-        config = config_from_args(args)
-        from .patches.launch import parse_server_args, run
-
-        server_args = parse_server_args(rest)
-        validate(config, getattr(server_args, "tokenizer_path", None) or getattr(server_args, "model_path", None))
-        if config.enable:
-            from .patches.checks import check_server_args, check_sglang_version
-
-            check_sglang_version(config)
-            check_server_args(server_args)
-    except HvdInputError as e:
-        print(f"sglang_hvd.launch_server: error: {e}", file=sys.stderr)
+    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == "launch_server"]
+    if not found:
+        print(f"sglang_hvd.launch_server: error: no {ENTRY_POINT_GROUP!r} entry point named 'launch_server'; "
+              "reinstall sglang-hvd with the sglang extra: pip install 'sglang-hvd[sglang]'", file=sys.stderr)
         return 2
-    # Only now, with everything checked: SGLang's spawned processes inherit these.
-    os.environ.update(config.to_env())
-    run(server_args)
-    return 0
+    return found[0].load()(argv)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ def test_history_worked_example_of_the_docstring():
     a, b, c, d, e, x = 1, 2, 3, 4, 5, 9
     h = RequestHistory()
     h.observe([0] * 10)
-    h.record(10, Draft(tokens=(a, b, c, d), probs=(1.0,) * 4))
+    h.record(10, (a, b, c, d))
     h.observe([a, b])
-    h.record(12, Draft(tokens=(c, d, e), probs=(1.0,) * 3))
+    h.record(12, (c, d, e))
     h.observe([c])
     # p=13: draft@12 confirmed 1 (c); draft@10 confirmed 3; nothing broken or resolved yet.
     assert h.scalars() == [1.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, math.log1p(1), 0.0, 0.0, 0.0]

@@ -53,10 +53,12 @@ def _tiny_model():
 
 def _spec():
     from sglang_hvd.drafter import DrafterConfig
-    import dataclasses
+    from sglang_hvd.gate_spec import GateSpec
+    from sglang_hvd.policy import DecisionRule
+    from sglang_hvd.replay.acceptance import VerifyModel
 
-    return {"format_version": 1, "feature_schema_version": 1, "feature_names": list(FEATURE_NAMES), "threshold": 1.0,
-            "drafter": dataclasses.asdict(DrafterConfig())}
+    return GateSpec(decision=DecisionRule(1.0, 3), drafter=DrafterConfig(), verify=VerifyModel(),
+                    tokenizer=TokenizerId("t", "d"))
 
 
 def test_export_matches_torch_and_loads_as_a_gate(tmp_path):
@@ -70,7 +72,7 @@ def test_export_matches_torch_and_loads_as_a_gate(tmp_path):
         want = model(torch.from_numpy(x)).numpy()
     got = gate.predict(x)  # any batch size: the batch axis is dynamic
     assert got.shape == (400,) and np.max(np.abs(got - want)) <= 1e-4
-    assert gate.decide(x).tolist() == (want > 1.0).tolist()
+    assert (gate.rule.threshold, gate.rule.eagle_reserve, gate.shape.nodes) == (1.0, 3, 16)
     proto = to_onnx(model)
     assert [i.name for i in proto.graph.input] == ["features"] and [o.name for o in proto.graph.output] == ["accept_len"]
     assert json.loads((tmp_path / "g" / "gate.json").read_text())["export"]["parity_rows"] == 100
@@ -99,7 +101,7 @@ def test_bad_gates_are_refused_at_load_time_with_the_reason(tmp_path):
 
     with pytest.raises(GateError, match="gate directory not found"):
         Gate(str(tmp_path / "nowhere"))
-    old = variant("old", lambda d: (d / "gate.json").write_text(json.dumps({**_spec(), "feature_schema_version": 0})))
+    old = variant("old", lambda d: (d / "gate.json").write_text(json.dumps({**_spec().to_json(), "feature_schema_version": 0})))
     with pytest.raises(GateError, match=r"trained on feature schema 0 \(62 features\), but this sglang-hvd computes schema 1 \(62 features\)"):
         Gate(old)
     with pytest.raises(GateError, match="token_flags.npy: missing"):
@@ -108,6 +110,17 @@ def test_bad_gates_are_refused_at_load_time_with_the_reason(tmp_path):
         Gate(variant("corrupt", lambda d: (d / "gate.onnx").write_bytes(b"not a model")))
     with pytest.raises(GateError, match="not valid JSON"):
         Gate(variant("badjson", lambda d: (d / "gate.json").write_text("{")))
+    v1 = {**_spec().to_json(), "format_version": 1}
+    with pytest.raises(GateError, match=r"gate format version 1, this sglang-hvd reads 2 \(written before verify shapes; "
+                                        r"retrain it with `hvd train`\)"):
+        Gate(variant("v1", lambda d: (d / "gate.json").write_text(json.dumps(v1))))
+    bad_shape = _spec().to_json()
+    bad_shape["verify"]["shape"]["nodes"] = 40
+    with pytest.raises(GateError, match=r"bad 'verify' \(nodes - 1 = 39 exceeds what EAGLE3 drafts"):
+        Gate(variant("badshape", lambda d: (d / "gate.json").write_text(json.dumps(bad_shape))))
+    no_decision = {k: v for k, v in _spec().to_json().items() if k != "decision"}
+    with pytest.raises(GateError, match="missing 'decision'"):
+        Gate(variant("nodecision", lambda d: (d / "gate.json").write_text(json.dumps(no_decision))))
 
 
 def test_demo_gate_beats_cache_only_and_eagle3_on_held_out_sessions(demo_dir):
@@ -149,3 +162,34 @@ def test_eval_plot_and_json(demo_dir, tmp_path):
     data = json.loads(out.read_text())
     assert [e["threshold"] for e in data["sweep"]["gate"]] == [0.0, 1.0, 4.0]
     assert set(data["overall"]["gate"]) >= {"precision_at_6", "recall_at_6", "mae", "cache_pick_rate"}
+
+
+def test_gate_spec_round_trips_through_json():
+    from sglang_hvd.gate_spec import GateSpec, GateSplit
+
+    spec = dataclasses_replace(_spec(), rule_threshold=1.5, split=GateSplit(seed=3, group_by="task", test_conversations=("a",)),
+                               provenance={"model": {"hidden": [64, 64]}})
+    back = GateSpec.from_json(json.loads(json.dumps(spec.to_json())))
+    assert back == dataclasses_replace(spec, provenance={"model": {"hidden": [64, 64]}})
+    assert back.verify.shape.describe() == "topk 4, steps 3, 16 nodes" and back.verify.eagle3_tokens == 2.1
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def test_task_split_keeps_every_trial_of_a_task_on_one_side():
+    from sglang_hvd.predictor.split import task_of
+
+    assert task_of("tau-bench/airline/gpt-4o/task007/trial2") == "task007"
+    assert task_of("swe-agent/trajectories/demonstrations/replay__marshmallow-code__marshmallow-1867__xml/"
+                   "marshmallow-code__marshmallow-1867") == "marshmallow-code__marshmallow-1867"
+    records = [rec(f"tau/task{t:03d}/trial{k}", 0, "tau") for t in range(12) for k in range(4)]
+    side = split_conversations(records, 0.25, 0.25, seed=1, group_by="task")
+    for t in range(12):
+        assert len({side[f"tau/task{t:03d}/trial{k}"] for k in range(4)}) == 1
+    assert set(side.values()) == {TRAIN, VALIDATION, TEST}
+    by_conv = split_conversations(records, 0.25, 0.25, seed=1)
+    assert any(len({by_conv[f"tau/task{t:03d}/trial{k}"] for k in range(4)}) > 1 for t in range(12))

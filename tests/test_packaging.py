@@ -50,3 +50,52 @@ def test_without_the_extension_the_python_drafter_is_used_and_says_so(monkeypatc
     with caplog.at_level("WARNING"):
         assert nd.default_drafter_name() == "python"
     assert "native drafter not built (No module named 'sglang_hvd.drafter._native'); using the Python reference" in caplog.text
+
+
+def _imports(path: str) -> list[str]:
+    """Every module name a file imports (absolute, or resolved from sglang_hvd-relative
+    imports), plus every string literal that names a module (importlib, entry points)."""
+    import ast
+
+    rel = os.path.relpath(path, os.path.join(REPO, "sglang_hvd")).replace(os.sep, "/")
+    package = ["sglang_hvd"] + rel.split("/")[:-1]
+    names = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            names += [module] + [f"{module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.append(node.value)
+    return names
+
+
+def test_the_runtime_core_imports_neither_patches_nor_predictor_nor_heavy_libraries():
+    """The dependency rule: patches -> sglang_hvd <- predictor; sglang only in patches,
+    torch only in predictor (and patches); the core finds `hvd train` and the launcher
+    through entry points, never by import, not even lazily."""
+    offenders = []
+    for root, _, files in os.walk(os.path.join(REPO, "sglang_hvd")):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            for module in _imports(path):
+                if module.split(".")[0] in ("torch", "sglang", "onnx") or module.startswith(
+                        ("sglang_hvd.patches", "sglang_hvd.predictor")):
+                    offenders.append(f"{os.path.relpath(path, REPO)}: {module}")
+    assert offenders == []
+
+
+def test_commands_and_the_launcher_outside_the_core_are_entry_points():
+    from importlib import metadata
+
+    from sglang_hvd.cli.main import command
+
+    train = {ep.name: ep.value for ep in metadata.entry_points(group="sglang_hvd.commands")}
+    launchers = {ep.name: ep.value for ep in metadata.entry_points(group="sglang_hvd.launchers")}
+    assert train == {"train": "sglang_hvd.predictor.train_cli:main"}
+    assert launchers == {"launch_server": "sglang_hvd.patches.launch:main"}
+    assert command("train").__module__ == "sglang_hvd.predictor.train_cli"

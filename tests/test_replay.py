@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import numpy as np
@@ -13,7 +12,9 @@ from hypothesis import strategies as st
 from conftest import shared_file
 from sglang_hvd.cli.main import main as hvd
 from sglang_hvd.drafter import DrafterConfig, create_drafter
+from sglang_hvd.policy import RowPlan
 from sglang_hvd.replay.acceptance import VerifyModel
+from sglang_hvd.verify import Eagle3Curve, Eagle3Stream, VerifyShape
 from sglang_hvd.replay.engine import ReconstructionError, accept_len, iter_dense, iter_serving
 from sglang_hvd.replay.policies import PolicyOptions, make_policies
 from sglang_hvd.replay.simulate import simulate
@@ -35,29 +36,60 @@ def test_accept_len_is_the_longest_common_prefix():
     assert accept_len((1,), out) == 0
 
 
-def test_mean_acceptance_carries_the_fraction():
-    s = VerifyModel(mean_tokens_per_cycle=1.75).stream("r")
-    assert list(itertools.islice(s, 8)) == [1, 2, 2, 2, 1, 2, 2, 2]
-    s = VerifyModel(mean_tokens_per_cycle=3.0).stream("r")
-    assert list(itertools.islice(s, 3)) == [3, 3, 3]
+def test_eagle3_stream_carries_the_fraction():
+    s = Eagle3Stream()
+    assert [s.draw(1.75) for _ in range(8)] == [1, 2, 2, 2, 1, 2, 2, 2]
+    s = Eagle3Stream()
+    assert [s.draw(3.0) for _ in range(3)] == [3, 3, 3]
+    # Means that change from step to step (two-branch rows keep fewer EAGLE3 nodes):
+    # credit 1.5 -> 1, 3.5 -> 2, 4.5 -> 1, 6.6 -> 2.
+    s = Eagle3Stream()
+    assert [s.draw(m) for m in (1.5, 2.0, 1.0, 2.1)] == [1, 2, 1, 2]
 
 
-def test_distribution_draws_are_seeded_per_request():
-    acc = VerifyModel(distribution=((1, 0.5), (4, 0.5)), seed=3)
-    a = list(itertools.islice(acc.stream("req-a"), 50))
-    assert a == list(itertools.islice(acc.stream("req-a"), 50))
-    assert a != list(itertools.islice(acc.stream("req-b"), 50))
-    assert set(a) == {1, 4}
-    assert VerifyModel.parse_distribution("1:0.45,2:0.3,3:0.25") == ((1, 0.45), (2, 0.3), (3, 0.25))
-    with pytest.raises(ValueError, match="summing to 1"):
-        VerifyModel(distribution=((1, 0.5),))
+def test_eagle3_curve_interpolates_and_checks_its_points():
+    curve = Eagle3Curve.parse("1:1.45,3:1.75,15:2.1")
+    assert curve.tokens(0) == 1.0  # no EAGLE3 node: the bonus token alone
+    assert curve.tokens(1) == 1.45 and curve.tokens(3) == 1.75 and curve.tokens(40) == 2.1
+    assert curve.tokens(2) == pytest.approx(1.6)
+    assert curve.tokens(9) == pytest.approx(1.925)
+    assert Eagle3Curve().tokens(3) == 1.75  # the HVD paper's figure for a 3-token chain
+    assert Eagle3Curve.constant(1.75).tokens(15) == 1.75
+    with pytest.raises(ValueError, match="strictly ascending"):
+        Eagle3Curve.parse("3:1.75,2:1.5")
+    with pytest.raises(ValueError, match="non-decreasing"):
+        Eagle3Curve.parse("1:1.5,3:1.2")
+    with pytest.raises(ValueError, match="expected NODES:TOKENS"):
+        Eagle3Curve.parse("3=1.75")
+
+
+def test_verify_shape_follows_sglangs_bounds():
+    assert VerifyShape(4, 3, 16).draft_nodes == 15 and VerifyShape(4, 3, 16).allows_branches
+    assert not VerifyShape(1, 3, 4).allows_branches
+    with pytest.raises(ValueError, match="nodes must be steps \\+ 1 = 4"):
+        VerifyShape(1, 3, 8)
+    with pytest.raises(ValueError, match=r"exceeds what EAGLE3 drafts at topk 2, 3 steps \(topk \+ \(steps - 1\) \* topk\^2 = 10\)"):
+        VerifyShape(2, 3, 12)
+    assert VerifyShape(2, 3, 11).draft_nodes == 10
+
+
+def test_two_branch_rows_yield_the_cache_branch_when_its_first_token_is_right():
+    model = VerifyModel(VerifyShape(4, 3, 16), Eagle3Curve.constant(2.0))
+    s = Eagle3Stream()
+    assert model.out_len(RowPlan(12, 3), 20, s) == 13  # cache branch, cut at its 12 tokens
+    assert model.out_len(RowPlan(12, 3), 5, s) == 6
+    assert s.credit == 0.0  # EAGLE3's branch was not drawn
+    assert model.out_len(RowPlan(12, 3), 0, s) == 2  # first cache token wrong: EAGLE3's branch
+    assert model.out_len(RowPlan(15, 0), 0, s) == 1  # a chain alone: the bonus token
+    assert model.out_len(RowPlan(0, 15), 9, s) == 2  # EAGLE3's tree; the cache draft is not in the row
+    assert model.out_len(RowPlan(0, 0), 9, s) == 1  # a plain step
 
 
 def test_serving_walk_of_cache_only_on_a_literal_trace():
     # The output repeats the prompt's "1 2 3 4 5 6 7 8", then ends with 9.
     record = rec("a", [1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 9])
     policies = make_policies(["greedy", "cache_only"], PolicyOptions())
-    steps = list(iter_serving([record], create_drafter("python"), policies, VerifyModel()))
+    steps = list(iter_serving([record], create_drafter("python"), policies, VerifyModel(VerifyShape(4, 3, 16))))
     cache = [(s.pos, s.choice, s.draft.tokens, s.accept_len, s.out_len) for s in steps if s.policy == "cache_only"]
     assert cache == [
         (0, "greedy", (), 0, 1),                    # "0" occurs only as the context: no draft, plain step
@@ -109,7 +141,8 @@ traces = st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=15)
 def test_cache_only_never_needs_more_cycles_than_greedy(traces, mean):
     records = [rec(f"r{i}", p, o) for i, (p, o) in enumerate(traces)]
     policies = make_policies(["greedy", "eagle3_only", "cache_only", "rule", "oracle"], PolicyOptions(rule_thresholds=(0.5, 2.0)))
-    result = simulate(records, create_drafter("python", DrafterConfig(max_depth=8)), policies, VerifyModel(mean))
+    model = VerifyModel(VerifyShape(4, 3, 16), Eagle3Curve.constant(mean))
+    result = simulate(records, create_drafter("python", DrafterConfig(max_depth=8)), policies, model)
     p = result.overall.policies
     tokens = sum(len(o) for _, o in traces)
     assert p["greedy"].cycles == tokens
@@ -124,7 +157,9 @@ def test_regression_cache_only_cycles_on_swe_agent(tmp_path, qwen_dir):
     traces = tmp_path / "swe.jsonl.gz"
     assert hvd(["import", shared_file("swe_agent.jsonl"), "--tokenizer", qwen_dir, "-o", str(traces)]) == 0
     out = tmp_path / "r.json"
-    assert hvd(["replay", str(traces), "--policies", "greedy,eagle3_only,cache_only", "--json", str(out)]) == 0
+    # A verify wide enough for the longest draft (64 tokens): the drafter's figure uncapped.
+    assert hvd(["replay", str(traces), "--policies", "greedy,eagle3_only,cache_only", "--json", str(out),
+                "--verify-topk", "8", "--verify-steps", "3", "--verify-nodes", "65", "--eagle3-mean", "1.75"]) == 0
     policies = json.loads(out.read_text())["sources"]["swe-agent"]["policies"]
     # Measured with the python drafter at its defaults (depth 64, factor 1, min prob 0.1);
     # a change of the drafter's semantics moves this figure. Tolerance: 1%.
@@ -167,9 +202,7 @@ def test_replay_cli_refuses_bad_options_and_mixed_tokenizers(tmp_path, capsys):
 def test_verify_width_caps_what_a_cache_verify_accepts():
     record = rec("a", [1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 9])
     policies = make_policies(["cache_only"], PolicyOptions())
-    steps = list(iter_serving([record], create_drafter("python"), policies, VerifyModel(max_cache_tokens=2)))
-    # As in the uncapped walk above, but a verify checks at most 2 cache tokens.
+    steps = list(iter_serving([record], create_drafter("python"), policies, VerifyModel(VerifyShape(1, 2, 3))))
+    # As in the walk above, but a topk-1 row of 3 nodes checks at most 2 cache tokens.
     assert [(s.pos, s.draft.tokens[:3], s.accept_len, s.out_len) for s in steps] == [
         (0, (), 0, 1), (1, (2,), 1, 2), (3, (4, 5, 6), 2, 3), (6, (7, 8, 0), 2, 3)]
-    with pytest.raises(ValueError, match="max_cache_tokens must be >= 0"):
-        VerifyModel(max_cache_tokens=-1)

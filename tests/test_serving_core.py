@@ -12,8 +12,13 @@ from sglang_hvd.errors import HvdInputError
 from sglang_hvd.replay.engine import accept_len
 from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.recorder import TraceRecorder
+from sglang_hvd.policy import DecisionRule, RowPlan
+from sglang_hvd.replay.acceptance import VerifyModel
+from sglang_hvd.replay.engine import iter_serving
+from sglang_hvd.replay.policies import GatePolicy
 from sglang_hvd.serving.stepper import HVDStepper
 from sglang_hvd.trace import iter_traces
+from sglang_hvd.verify import Eagle3Stream, VerifyShape
 
 
 def test_config_round_trips_through_the_environment():
@@ -38,42 +43,42 @@ def test_bad_environment_is_named(env, message):
 
 
 class FailingGate:
-    threshold = 1.0
-
     def __init__(self, real):
         self.extractor = real.extractor
+        self.rule = real.rule
 
     def predict(self, x):
         raise RuntimeError("onnxruntime exploded")
 
 
-def serve(records, stepper, width=7, concurrency=4):
-    """A toy serving loop: greedy verify of either the cache draft or an EAGLE3 row that
-    gets its first token right (accept 1). Returns the emitted outputs by request."""
+def serve(records, stepper, model: VerifyModel, concurrency=4, log=None):
+    """A toy serving loop over the stepper: each verify emits what replay's VerifyModel
+    says of the row's plan (the same yield model replay uses), EAGLE3 rows from one
+    Eagle3Stream per request. Returns the emitted outputs by request; ``log`` collects
+    (req_id, pos, plan, predicted) of every row."""
     queue = list(records)
-    running, emitted = {}, {}
+    running, emitted, streams = {}, {}, {}
+    topk1 = not model.shape.allows_branches
     while queue or running:
         while queue and len(running) < concurrency:
             r = queue.pop(0)
-            running[r.req_id] = r
-            emitted[r.req_id] = []
+            running[r.req_id], emitted[r.req_id], streams[r.req_id] = r, [], Eagle3Stream()
         rids = list(running)
         for rid in rids:
             stepper.sync(rid, running[rid].prompt_ids, emitted[rid])
-        decision = stepper.decide(rids, width)
-        accepts, eagle_rows = [], np.zeros((len(rids), width), dtype=np.int32)
+        plans = stepper.decide(rids)
+        accepts, eagle_rows = [], np.zeros((len(rids), model.shape.draft_nodes), dtype=np.int32)
         for i, rid in enumerate(rids):
-            truth = running[rid].output_ids[len(emitted[rid]):]
-            eagle_rows[i, 0] = truth[0]  # EAGLE3 guesses one token right
-            eagle_rows[i, 1:] = 0
-            if decision.use_cache[i]:
-                a = accept_len(decision.cache_tokens[i, : decision.cache_lens[i]].tolist(), truth)
-            else:
-                a = accept_len(eagle_rows[i].tolist(), truth)
-            a = min(a, len(truth) - 1)
-            accepts.append(a)
-            emitted[rid].extend(truth[: a + 1].tolist())
-        stepper.verified(rids, accepts, eagle_rows)
+            truth = running[rid].output_ids[len(emitted[rid]):].tolist()
+            plan = plans.plan(i)
+            if log is not None:
+                log.append((rid, len(emitted[rid]), plan, float(plans.predicted[i])))
+            lcp = accept_len(plans.cache_tokens[i, : plan.cache_len].tolist(), truth)
+            out = min(model.out_len(plan, lcp, streams[rid]), len(truth))
+            eagle_rows[i, 0] = truth[0]  # an EAGLE3 chain that gets its first token right (topk 1 traces)
+            accepts.append(out - 1)
+            emitted[rid].extend(truth[:out])
+        stepper.verified(rids, accepts, eagle_rows if topk1 else None)
         for rid in rids:
             if len(emitted[rid]) == len(running[rid].output_ids):
                 stepper.sync(rid, running[rid].prompt_ids, emitted[rid])
@@ -92,15 +97,16 @@ def demo_gate(demo_dir):
 def test_stepper_serves_losslessly_and_records_replayable_traces(demo_dir, demo_gate, tmp_path):
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:40]
     recorder = TraceRecorder(str(tmp_path / "served.jsonl"))
-    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), demo_gate, recorder=recorder,
-                         tokenizer=records[0].tokenizer)
-    emitted = serve(records, stepper)
+    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), demo_gate, demo_gate.shape,
+                         recorder=recorder, tokenizer=records[0].tokenizer)
+    emitted = serve(records, stepper, demo_gate.verify_model)
     recorder.close()
     for r in records:
         assert emitted[r.req_id] == r.output_ids.tolist()
     summary = stepper.summary()
     assert summary["gate_errors"] == 0 and 0.2 < summary["cache_pick_rate"] < 1.0
-    assert summary["cache_mean_accept"] > 2 * summary["eagle3_mean_accept"] and summary["eagle3_mean_accept"] <= 1.0
+    assert summary["two_branch_rate"] > 0.0  # the demo gate's shape (topk 4) keeps EAGLE3 nodes beside cache drafts
+    assert summary["cache_mean_accept"] > 2 * summary["eagle3_mean_accept"]
     back = {r.req_id: r for r in iter_traces(str(tmp_path / "served.jsonl"))}
     assert set(back) == {r.req_id for r in records} and recorder.num_dropped == 0
     for r in records:
@@ -108,14 +114,35 @@ def test_stepper_serves_losslessly_and_records_replayable_traces(demo_dir, demo_
         assert got.prompt_ids.tolist() == r.prompt_ids.tolist() and got.output_ids.tolist() == r.output_ids.tolist()
         # Every step's accepted prefix is, by the trace reader's own check, the emitted text.
         assert {s.src for s in got.steps} <= {"cache", "eagle3"} and got.steps[0].pos == 0
+        assert all(b.pos == a.pos + a.accept_len + 1 for a, b in zip(got.steps, got.steps[1:]))
     assert stepper.running() == []
+
+
+def test_server_and_replay_make_the_same_decisions_step_by_step(demo_dir, demo_gate):
+    """The one decision path: the serving stepper (one request at a time, so its global
+    cache evolves as replay's does) and replay's hvd policy plan every row alike."""
+    records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:60]
+    model = demo_gate.verify_model
+    served = []
+    stepper = HVDStepper(create_drafter("native", demo_gate.drafter_config), demo_gate, model.shape)
+    serve(records, stepper, model, concurrency=1, log=served)
+    policy = GatePolicy(demo_gate, demo_gate.rule)
+    replayed = [(s.req_id, s.pos, s.plan) for s in iter_serving(records, create_drafter("python", demo_gate.drafter_config),
+                                                                   [policy], model)]
+    assert len(served) == len(replayed) > 1000  # verify steps of 60 requests
+    assert [(rid, pos, plan) for rid, pos, plan, _ in served] == replayed
+    # Same predictions, bit for bit, for every judged draft.
+    assert [p for *_, p in served if p == p] == [p for _, p, _ in policy.judged]
+    kinds = {plan.kind for _, _, plan in replayed}
+    two_branch = sum(plan.cache_len > 0 and plan.eagle_nodes > 0 for _, _, plan in replayed)
+    assert kinds == {"cache", "eagle3"} and two_branch > 0
 
 
 def test_a_gate_failing_at_run_time_falls_back_to_eagle3(demo_dir, demo_gate, caplog):
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:6]
-    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), FailingGate(demo_gate), threshold=1.0)
+    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), FailingGate(demo_gate), demo_gate.shape)
     with caplog.at_level("ERROR"):
-        emitted = serve(records, stepper)
+        emitted = serve(records, stepper, demo_gate.verify_model)
     assert all(emitted[r.req_id] == r.output_ids.tolist() for r in records)
     s = stepper.summary()
     assert s["gate_errors"] == s["steps"] > 0 and s["cache_pick_rate"] == 0.0
@@ -137,9 +164,9 @@ def test_recorder_drops_rather_than_blocks(tmp_path):
 
 def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
-    st = HVDStepper(create_drafter("python"), None, recorder=rec)
+    st = HVDStepper(create_drafter("python"), None, VerifyShape(1, 3, 4), recorder=rec)
     st.sync("r", [1, 2, 3, 1, 2, 3, 1, 2], [])
-    d = st.decide(["r"], 3)
+    d = st.decide(["r"])
     st.verified(["r"], [3], np.array([[9, 9, 9]]))  # EAGLE3 row (no gate): 3 accepted + bonus = 4 tokens
     st.sync("r", [1, 2, 3, 1, 2, 3, 1, 2], [9, 9, 9, 4])
     st.finish("r", final_output=[9, 9])  # max_new_tokens=2 cut the run
@@ -147,4 +174,38 @@ def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
     (r,) = iter_traces(str(tmp_path / "t.jsonl"))
     assert r.output_ids.tolist() == [9, 9]
     assert [(s.pos, s.src, s.draft, s.accept_len) for s in r.steps] == [(0, "eagle3", (9, 9, 9), 2)]
-    assert not d.use_cache[0]
+    assert not d.use_cache[0] and d.plan(0) == RowPlan(0, 3)
+
+
+def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
+    class Sure:  # a gate that always predicts a long accepted run
+        rule = DecisionRule(threshold=1.0, eagle_reserve=3)
+
+        def __init__(self, extractor):
+            self.extractor = extractor
+
+        def predict(self, x):
+            return np.full(len(x), 9.0, dtype=np.float32)
+
+    from sglang_hvd.features import FeatureExtractor
+
+    rec = TraceRecorder(str(tmp_path / "t.jsonl"))
+    st = HVDStepper(create_drafter("python"), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
+                    VerifyShape(2, 3, 8), recorder=rec)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    st.sync("r", prompt, [])
+    plans = st.decide(["r"])
+    # "1 2 3 4 5 1 2 3" recurs: the draft 4 5 1 2 3 is cut to 7 - 3 (the reserve) = 4 tokens.
+    assert plans.plan(0) == RowPlan(4, 3)
+    assert plans.cache_tokens[0, :4].tolist() == [4, 5, 1, 2]
+    st.verified(["r"], [2])  # the tree accepted 2 drafts ...
+    st.sync("r", prompt, [7, 8, 9])  # ... EAGLE3's: the cache branch starts with 4, not 7
+    plans = st.decide(["r"])
+    st.verified(["r"], [0])
+    st.sync("r", prompt, [7, 8, 9, 6])
+    st.finish("r")
+    rec.close()
+    (r,) = iter_traces(str(tmp_path / "t.jsonl"))
+    assert [(s.pos, s.src, s.draft, s.accept_len) for s in r.steps][0] == (0, "eagle3", (7, 8), 2)
+    s = st.summary()
+    assert (s["eagle3_branch_wins"], s["rows"]) == (1, 2) and s["two_branch_rate"] > 0

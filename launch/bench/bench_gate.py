@@ -19,7 +19,8 @@ import numpy as np
 
 from sglang_hvd.drafter import create_drafter
 from sglang_hvd.drafter.native_drafter import default_drafter_name
-from sglang_hvd.features import TAIL_TOKENS, FeatureInput, RequestHistory
+from sglang_hvd.features import RequestHistory
+from sglang_hvd.policy import RequestState
 from sglang_hvd.gate import Gate
 from sglang_hvd.replay.engine import iter_dense
 from sglang_hvd.trace import iter_traces
@@ -35,18 +36,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     gate = Gate(args.gate)
     drafter = create_drafter(default_drafter_name(), gate.drafter_config)
-    rows, history, current = [], None, None
+    rows, state, current = [], None, None
     for step in iter_dense(iter_traces(args.traces), drafter):
         r = step.record
         if r is not current:
-            current, history = r, RequestHistory()
-            ctx = np.concatenate([r.prompt_ids[-TAIL_TOKENS:], r.output_ids])
-            shift = min(len(r.prompt_ids), TAIL_TOKENS)
+            current, state = r, RequestState(r.prompt_ids)
         if step.draft.tokens:
-            rows.append(FeatureInput(step.draft, step.pos, len(r.prompt_ids),
-                                     ctx[max(0, step.pos + shift - TAIL_TOKENS) : step.pos + shift], history.scalars()))
-        history.record(step.pos, step.draft)
-        history.observe([int(r.output_ids[step.pos])])
+            rows.append(state.feature_input(step.draft))
+        state.record(step.draft.tokens)
+        state.observe([int(r.output_ids[step.pos])])
         if len(rows) >= args.rows:
             break
     rng = np.random.default_rng(0)

@@ -14,6 +14,7 @@ import time
 
 from ..errors import HvdInputError
 from .common import cli_entry, positive_int
+from .main import command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,10 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _step(title: str, module, argv: list[str]) -> None:
+def _step(title: str, argv: list[str]) -> None:
     print(f"\n$ hvd {title} {' '.join(argv)}", flush=True)
     start = time.perf_counter()
-    code = module.main(argv)
+    code = command(title)(argv)
     if code:
         raise HvdInputError(f"hvd {title} failed (exit {code})")
     print(f"[{title}: {time.perf_counter() - start:.0f} s]", flush=True)
@@ -44,18 +45,15 @@ def _step(title: str, module, argv: list[str]) -> None:
 
 @cli_entry("demo", build_parser)
 def main(args: argparse.Namespace) -> int:
-    from . import eval as eval_cmd
-    from . import import_traces, synth, train
-
     d = args.output
     conv, tok = os.path.join(d, "conversations.jsonl"), os.path.join(d, "tokenizer")
     traces, gate, result = os.path.join(d, "traces.jsonl"), os.path.join(d, "gate"), os.path.join(d, "eval.json")
     start = time.perf_counter()
-    _step("synth", synth, ["-o", d, "--sessions", str(args.sessions), "--seed", str(args.seed)])
-    _step("import", import_traces, [conv, "--tokenizer", tok, "-o", traces])
-    _step("train", train, [traces, "--tokenizer", tok, "-o", gate, "--test-fraction", "0.25", "--seed", str(args.seed),
+    _step("synth", ["-o", d, "--sessions", str(args.sessions), "--seed", str(args.seed)])
+    _step("import", [conv, "--tokenizer", tok, "-o", traces])
+    _step("train", [traces, "--tokenizer", tok, "-o", gate, "--test-fraction", "0.25", "--seed", str(args.seed),
                            "--epochs", str(args.epochs)])
-    _step("eval", eval_cmd, [traces, "--gate", gate, "--held-out", "--json", result])
+    _step("eval", [traces, "--gate", gate, "--held-out", "--json", result])
     with open(result) as f:
         overall = json.load(f)["overall"]["policies"]
     cyc = {name: p["cycles_per_1k"] for name, p in overall.items()}

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import write_json
-from ..replay.acceptance import VerifyModel
-from ..replay.cost import CostModel
+from ..policy import DecisionRule
 from ..replay.metrics import COLUMNS, table_row
 from ..replay.policies import GatePolicy, PolicyOptions, make_policies
 from ..replay.simulate import simulate
@@ -19,6 +17,7 @@ from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, gate_metrics, sweep
 from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
 from .common import add_json_flag, add_skip_invalid_flag, cli_entry, float_list
+from .options import add_verify_flags, verify_model_from_flags
 
 POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
 
@@ -27,25 +26,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hvd eval",
         description=(
-            "Serving-mode replay of the learned gate (hvd) against greedy, eagle3_only, cache_only, the score "
-            "rule (its constant as chosen at training) and the oracle (the cache draft exactly when its true "
-            "accept_len + 1 beats EAGLE3's mean), per source and overall, plus the gate's precision and recall "
-            "for high-payoff drafts (accept_len >= 6) and its mean absolute error. Drafter and EAGLE3 settings "
-            "and the verify model are the gate's own; the fastest drafter built is used (all return identical drafts)."
+            "Serving-mode replay of the learned gate (hvd: the serving decision, policy.decide) against greedy, "
+            "eagle3_only, cache_only, the score rule (its constant as chosen at training) and the choose-one "
+            "oracle (the cache chain exactly when its true accept_len + 1 beats EAGLE3's expected tokens), per "
+            "source and overall, plus the gate's precision and recall for high-payoff drafts (accept_len >= 6) "
+            "and its mean absolute error. Drafter settings, verify shape, EAGLE3 curve and decision rule are the "
+            "gate's own unless overridden; the fastest drafter built is used (all return identical drafts)."
         ),
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
     p.add_argument("--gate", required=True, metavar="GATE_DIR", help="gate directory written by `hvd train`")
     p.add_argument("--held-out", action="store_true",
                    help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
-    p.add_argument("--threshold", type=float, help="override the gate's threshold")
+    p.add_argument("--threshold", type=float, help="override the gate's threshold on predicted accept_len")
+    p.add_argument("--eagle-reserve", type=int, metavar="M",
+                   help="override the EAGLE3 nodes the gate's decision keeps beside a cache draft (topk > 1)")
     p.add_argument("--rule-threshold", type=float, help="override the rule constant chosen at training")
-    p.add_argument("--max-cache-verify", type=int, metavar="N",
-                   help="cache draft tokens one verify checks, 0 = no limit (default: the gate's, from training)")
     p.add_argument("--plot", metavar="PATH.png",
                    help="also sweep the threshold and plot precision/recall and cycles per 1k against it (needs matplotlib)")
     p.add_argument("--plot-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds of the --plot sweep (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
+    add_verify_flags(p, gate_default="gate")
     add_skip_invalid_flag(p)
     add_json_flag(p)
     return p
@@ -55,38 +56,38 @@ def build_parser() -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     gate = Gate(args.gate, threshold=args.threshold)
     spec = gate.spec
+    decision = gate.rule if args.eagle_reserve is None else DecisionRule(gate.rule.threshold, args.eagle_reserve)
     if args.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise HvdInputError("--plot needs matplotlib: pip install matplotlib") from None
-    acceptance = VerifyModel(**{k: (tuple(map(tuple, v)) if k == "distribution" else v) for k, v in spec["verify_model"].items()})
-    if args.max_cache_verify is not None:
-        acceptance = dataclasses.replace(acceptance, max_cache_tokens=args.max_cache_verify)
-    rule = args.rule_threshold if args.rule_threshold is not None else spec.get("rule_threshold") or 3.0
+    model = verify_model_from_flags(args, gate.verify_model)
+    rule = args.rule_threshold if args.rule_threshold is not None else spec.rule_threshold or 3.0
     report = ReadReport()
     records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
     if args.held_out:
-        keep = set(spec["split"]["test_conversations"])
+        keep = set(spec.split.test_conversations)
         if not keep:
             raise HvdInputError(f"{args.gate} held out no conversations (train with --test-fraction to use --held-out)")
         records = (r for r in records if r.conv_id in keep)
     records = list(records)
     if not records:
         raise HvdInputError("no trace records to evaluate" + (" (none of the held-out conversations are in these files)" if args.held_out else ""))
-    if records[0].tokenizer.digest != spec["tokenizer"]["digest"]:
+    if records[0].tokenizer.digest != spec.tokenizer.digest:
         raise HvdInputError(f"the traces were tokenized with {records[0].tokenizer.name}@{records[0].tokenizer.digest}, "
-                            f"the gate was trained on {spec['tokenizer']['name']}@{spec['tokenizer']['digest']}")
-    options = PolicyOptions(rule_thresholds=(rule,), eagle3_tokens_per_cycle=acceptance.expected_tokens_per_cycle, gate=gate)
+                            f"the gate was trained on {spec.tokenizer.name}@{spec.tokenizer.digest}")
+    options = PolicyOptions(rule_thresholds=(rule,), eagle3_tokens=model.eagle3_tokens, gate=gate, decision=decision)
     policies = make_policies(list(POLICIES), options)
     hvd = next(p for p in policies if isinstance(p, GatePolicy))
     with progress(total=len(records), desc="eval", unit="req") as bar:
         result = simulate(records, create_drafter(default_drafter_name(), gate.drafter_config), policies,
-                          acceptance, on_request=lambda r: bar.update(1))
-    costs = CostModel(**spec.get("costs", {}))
+                          model, on_request=lambda r: bar.update(1))
+    costs = spec.costs
     out = {"overall": {**result.overall.to_json(), "gate": {**gate_metrics(hvd.judged), "cache_pick_rate":
            result.overall.policy("hvd").to_json()["cache_pick_rate"]}}, "sources": {},
-           "threshold": gate.threshold, "rule_threshold": rule}
+           "threshold": decision.threshold, "eagle_reserve": decision.eagle_reserve, "rule_threshold": rule,
+           "verify": model.to_json()}
     header = ("policy",) + COLUMNS + ("time/1k",)
     for name, tally in sorted(result.sources.items()):
         out["sources"][name] = {**tally.to_json(), "gate": {**gate_metrics(hvd.judged, name),
@@ -94,11 +95,11 @@ def main(args: argparse.Namespace) -> int:
         _print(name, tally, header, costs, out["sources"][name]["gate"])
     if len(result.sources) > 1:
         _print("overall", result.overall, header, costs, out["overall"]["gate"])
-    cap = acceptance.max_cache_tokens
-    print(f"\nthreshold {gate.threshold:g}, rule constant {rule:g}, cache drafts verified up to "
-          f"{cap if cap else 'any number of'} tokens; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
+    print(f"\nverify rows of {model.shape.describe()} (cache drafts checked up to {model.shape.draft_nodes} tokens), "
+          f"EAGLE3 {model.eagle3_tokens:.3g} tokens per verify; hvd threshold {decision.threshold:g}, EAGLE3 reserve "
+          f"{decision.eagle_reserve}; rule constant {rule:g}; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
     if args.plot:
-        sw = sweep(records, gate, default_drafter_name(), acceptance, costs, args.plot_thresholds, ())
+        sw = sweep(records, gate, default_drafter_name(), model, costs, args.plot_thresholds, (), (decision.eagle_reserve,))
         _plot(args.plot, sw)
         out["sweep"] = sw.to_json()
         print(f"plot: {args.plot}")

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from ..drafter.protocol import DrafterConfig
 from ..errors import HvdInputError
 from ..replay.acceptance import VerifyModel
+from ..verify import Eagle3Curve, VerifyShape
 
 T = TypeVar("T")
 
@@ -61,22 +62,57 @@ def drafter_from_flags(args: argparse.Namespace):
     return create_drafter(args.drafter, dataclass_from_flags(DrafterConfig, args))
 
 
-def add_verify_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("verify model (replay has no EAGLE3 model and no GPU)")
-    group.add_argument("--eagle3-mean", type=float, default=1.75,
-                       help="mean tokens per EAGLE3 verify, accepted + bonus (default: %(default)s, the HVD paper's figure)")
-    group.add_argument("--eagle3-dist", metavar="TOKENS:PROB,...",
-                       help="empirical tokens-per-verify distribution, e.g. 1:0.45,2:0.3,3:0.25 (overrides --eagle3-mean)")
-    group.add_argument("--eagle3-seed", type=int, default=0, help="seed of --eagle3-dist draws (default: %(default)s)")
-    group.add_argument("--max-cache-verify", type=int, default=0, metavar="N",
-                       help="cache draft tokens one verify checks: SGLang with --speculative-eagle-topk 1 checks "
-                            "num_draft_tokens - 1 (e.g. 3); 0 = no limit (default: %(default)s)")
+def add_verify_flags(parser: argparse.ArgumentParser, gate_default: str = "") -> None:
+    """The verify shape (SGLang's --speculative-* flags) and the EAGLE3 curve. Every flag
+    defaults to None (verify_model_from_flags fills it in); ``gate_default`` says in the
+    help where the default comes from: "" (the built-in), "gate" (the gate's), "gate if
+    given" (the gate's with --gate, else the built-in)."""
+    group = parser.add_argument_group(
+        "verify shape and EAGLE3 model (replay has no EAGLE3 model and no GPU; the shape is the server's "
+        "--speculative-eagle-topk / --speculative-num-steps / --speculative-num-draft-tokens)")
+    shape, curve = VerifyShape(), Eagle3Curve()
+
+    def default(value) -> str:
+        if gate_default == "gate":
+            return " (default: the gate's)"
+        if gate_default:
+            return f" (default: the gate's with --gate, else {value})"
+        return f" (default: {value})"
+
+    for name, value, help_text in (
+        ("topk", shape.topk, "EAGLE3 branches per step, SGLang --speculative-eagle-topk"),
+        ("steps", shape.steps, "EAGLE3 draft steps, SGLang --speculative-num-steps"),
+        ("nodes", shape.nodes, "tokens per verify row incl. the root, SGLang --speculative-num-draft-tokens; "
+                               "a cache draft is checked up to N - 1 tokens per verify"),
+    ):
+        group.add_argument(f"--verify-{name}", type=int, metavar="N", help=help_text + default(value))
+    group.add_argument("--eagle3-curve", metavar="NODES:TOKENS,...",
+                       help="EAGLE3 tokens per verify (bonus included) by the draft nodes it verifies, linear in "
+                            "between; measure yours with an EAGLE3-only server at each --speculative-num-draft-tokens"
+                            + default(curve.text() + ": 1.75 at a 3-token chain is the HVD paper's figure, the tree "
+                                      "points are assumed; see sglang_hvd/verify.py"))
+    group.add_argument("--eagle3-mean", type=float, metavar="TOKENS",
+                       help="a flat EAGLE3 model instead of the curve: TOKENS per verify at any node count >= 1")
 
 
-def verify_model_from_flags(args: argparse.Namespace) -> VerifyModel:
+def verify_model_from_flags(args: argparse.Namespace, base: VerifyModel | None = None) -> VerifyModel:
+    """The VerifyModel the flags describe; unset flags take ``base``'s values."""
+    base = base or VerifyModel()
     try:
-        dist = VerifyModel.parse_distribution(args.eagle3_dist) if args.eagle3_dist else ()
-        return VerifyModel(mean_tokens_per_cycle=args.eagle3_mean, distribution=dist, seed=args.eagle3_seed,
-                           max_cache_tokens=args.max_cache_verify)
+        shape = VerifyShape(topk=args.verify_topk if args.verify_topk is not None else base.shape.topk,
+                            steps=args.verify_steps if args.verify_steps is not None else base.shape.steps,
+                            nodes=args.verify_nodes if args.verify_nodes is not None else base.shape.nodes)
     except ValueError as e:
-        raise HvdInputError(f"--eagle3-dist/--eagle3-mean: {e}") from None
+        raise HvdInputError(f"--verify-topk/--verify-steps/--verify-nodes: {e}") from None
+    try:
+        if args.eagle3_mean is not None:
+            if args.eagle3_curve is not None:
+                raise ValueError("give --eagle3-curve or --eagle3-mean, not both")
+            curve = Eagle3Curve.constant(args.eagle3_mean)
+        elif args.eagle3_curve is not None:
+            curve = Eagle3Curve.parse(args.eagle3_curve)
+        else:
+            curve = base.eagle3
+    except ValueError as e:
+        raise HvdInputError(f"--eagle3-curve/--eagle3-mean: {e}") from None
+    return VerifyModel(shape, curve)

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import itertools
 
+from ..gate import Gate
 from ..jsonl import atomic_output, dump_line, write_json
 from ..replay.metrics import COLUMNS, table_row
 from ..replay.policies import BASELINES, POLICY_FACTORIES, PolicyOptions, make_policies
@@ -23,12 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hvd replay",
         description=(
             "Replay token traces through the cache drafter as a serving loop would and compare verify "
-            "policies on the same traces: greedy (no speculation), eagle3_only, cache_only "
-            "(SuffixDecoding: every non-empty cache draft), rule@C (cache draft when its score >= C, "
-            "else EAGLE3). Under greedy verification a draft's accepted length is its longest common "
-            "prefix with the recorded output; EAGLE3 steps follow an acceptance model. Requests run in "
-            "file order; the global cache persists across them. --mode dense instead drafts at every "
-            "output position and reports draft quality."
+            "policies on the same traces, at one verify shape (SGLang's topk, steps and draft tokens): "
+            "greedy (no speculation), eagle3_only, cache_only (SuffixDecoding: every non-empty cache draft "
+            "as a chain), rule@C (cache chain when its score >= C, else EAGLE3), oracle (the choose-one "
+            "oracle), hvd (a trained gate, --gate). Under greedy verification a cache draft's accepted "
+            "length is its longest common prefix with the recorded output; EAGLE3 follows the --eagle3-curve "
+            "model. Requests run in file order; the global cache persists across them. --mode dense instead "
+            "drafts at every output position and reports draft quality."
         ),
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
@@ -38,10 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated policies from {', '.join(POLICY_FACTORIES)} (default: %(default)s)")
     p.add_argument("--rule-threshold", default="1,3,6", metavar="C[,C...]",
                    help="score threshold(s) of the rule policy, one rule@C row each (default: %(default)s)")
+    p.add_argument("--gate", metavar="GATE_DIR", help="a gate from `hvd train`, for the hvd policy (its decision rule)")
     p.add_argument("--limit", type=positive_int, metavar="N", help="replay only the first N requests")
     p.add_argument("--steps", metavar="PATH", help="also write one JSON line per replayed step to PATH")
     add_drafter_flags(p)
-    add_verify_flags(p)
+    add_verify_flags(p, gate_default="gate if given")
     add_skip_invalid_flag(p)
     add_json_flag(p)
     return p
@@ -58,10 +61,13 @@ def _parse_thresholds(text: str) -> tuple[float, ...]:
 
 
 def _step_json(step) -> dict:
-    d = dataclasses.asdict(step) if not hasattr(step, "record") else {
-        "req_id": step.record.req_id, "source": step.record.source, "pos": step.pos, "accept_len": step.accept_len}
+    if hasattr(step, "record"):
+        d = {"req_id": step.record.req_id, "source": step.record.source, "pos": step.pos, "accept_len": step.accept_len}
+    else:
+        d = {"req_id": step.req_id, "source": step.source, "policy": step.policy, "pos": step.pos, "choice": step.choice,
+             "cache_len": step.plan.cache_len, "eagle_nodes": step.plan.eagle_nodes, "accept_len": step.accept_len,
+             "out_len": step.out_len}
     draft = step.draft
-    d.pop("draft", None)
     d.update(draft=list(draft.tokens), score=draft.score, match_len=draft.match_len, tree=draft.tree)
     return d
 
@@ -69,9 +75,10 @@ def _step_json(step) -> dict:
 @cli_entry("replay", build_parser)
 def main(args: argparse.Namespace) -> int:
     drafter = drafter_from_flags(args)
-    acceptance = verify_model_from_flags(args)
-    options = PolicyOptions(rule_thresholds=_parse_thresholds(args.rule_threshold),
-                            eagle3_tokens_per_cycle=acceptance.expected_tokens_per_cycle)
+    gate = Gate(args.gate) if args.gate else None
+    model = verify_model_from_flags(args, gate.verify_model if gate else None)
+    options = PolicyOptions(rule_thresholds=_parse_thresholds(args.rule_threshold), eagle3_tokens=model.eagle3_tokens,
+                            gate=gate)
     try:
         policies = make_policies([n.strip() for n in args.policies.split(",") if n.strip()], options)
     except ValueError as e:
@@ -90,8 +97,8 @@ def main(args: argparse.Namespace) -> int:
                 _print_dense(quality, seconds)
                 result_json = {"mode": "dense", "sources": {s: q.to_json() for s, q in quality.items()}}
             else:
-                result = simulate(records, drafter, policies, acceptance, on_step=write_step, on_request=lambda r: bar.update(1))
-                _print_serving(result)
+                result = simulate(records, drafter, policies, model, on_step=write_step, on_request=lambda r: bar.update(1))
+                _print_serving(result, model)
                 result_json = {"mode": "serving", **result.to_json(), "seconds": result.seconds}
     mem = drafter.memory_stats()
     print(f"drafter {args.drafter}: {mem['global_tokens']:,.0f} cached response tokens, "
@@ -100,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
         print(report.summary())
     if args.json:
         result_json.update(drafter={"name": args.drafter, **dataclasses.asdict(drafter.config)},
-                           eagle3=dataclasses.asdict(acceptance), memory=mem, skipped_lines=report.num_skipped)
+                           verify=model.to_json(), memory=mem, skipped_lines=report.num_skipped)
         write_json(args.json, result_json)
     return 0
 
@@ -111,7 +118,7 @@ def _ticking(records, bar):
         yield r
 
 
-def _print_serving(result) -> None:
+def _print_serving(result, model) -> None:
     header = ("policy",) + COLUMNS
     for name, tally in sorted(result.sources.items()):
         rows = [table_row(p, t) for p, t in tally.policies.items()]
@@ -121,7 +128,9 @@ def _print_serving(result) -> None:
         rows = [table_row(p, t) for p, t in total.policies.items()]
         print(format_table(header, rows, title=f"\noverall: {total.requests:,} requests, {total.tokens:,} output tokens"))
     tokens = result.overall.tokens
-    print(f"\nreplayed {tokens:,} output tokens in {result.seconds:.1f} s ({tokens / max(result.seconds, 1e-9):,.0f} tokens/s, "
+    print(f"\nverify rows of {model.shape.describe()}; EAGLE3 {model.eagle3_tokens:.3g} tokens per verify "
+          f"(curve {model.eagle3.text()})")
+    print(f"replayed {tokens:,} output tokens in {result.seconds:.1f} s ({tokens / max(result.seconds, 1e-9):,.0f} tokens/s, "
           f"{result.num_drafts:,} non-empty drafts)")
 
 

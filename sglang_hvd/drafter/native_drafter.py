@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, as_token_array, register_drafter
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, as_token_array
+from .registry import register_drafter
 
 log = logging.getLogger(__name__)
 _TREES = {0: "", 1: LOCAL_TREE, 2: GLOBAL_TREE}

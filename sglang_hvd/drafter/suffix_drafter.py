@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, as_token_array, drafts_to_arrays, register_drafter
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, as_token_array, drafts_to_arrays
+from .registry import register_drafter
 from .suffix_match import best_draft
 from .token_index import TokenIndex
 

@@ -7,9 +7,9 @@ dense    draft at every output position p (context = prompt + output[:p]) and la
          draft with its oracle accept_len = LCP(draft, output[p:]). The paper's training
          data: one record per position, whatever a policy would have visited.
 serving  walk each policy as the decode loop would: at position p the policy chooses a
-         draft source; a cache verify emits accept_len + 1 tokens (accept_len capped by the
-         verify width, VerifyModel.max_cache_tokens), an EAGLE3 verify what the acceptance
-         model yields, greedy one; the next step starts there.
+         row plan (cache tokens, EAGLE3 nodes) at the verify shape; the verify emits what
+         the VerifyModel says of that plan (exact for the cache branch, the EAGLE3 curve
+         for EAGLE3's); the next step starts there.
 
 A draft depends only on the tokens appended so far (not on how they were chunked), so
 in serving mode all policies walk one request together, in order of position, sharing a
@@ -27,10 +27,11 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
-from ..features import TAIL_TOKENS, RequestHistory
+from ..policy import RequestState, RowPlan
 from ..trace import TraceRecord
+from ..verify import Eagle3Stream
 from .acceptance import VerifyModel
-from .policies import CACHE, EAGLE3, GREEDY, Policy, StepView
+from .policies import Policy, StepView
 
 
 def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: int = 0) -> int:
@@ -56,13 +57,14 @@ class ServingStep:
     source: str
     policy: str
     pos: int
-    choice: str  # CACHE, EAGLE3 or GREEDY
+    plan: RowPlan  # the row this verify checked (plan.kind: cache, eagle3 or greedy)
     draft: Draft
-    accept_len: int  # of the cache draft at pos (whatever the choice)
+    accept_len: int  # of the cache draft at pos, capped at the row (N-1), whatever the plan
     out_len: int  # tokens this verify emitted
 
-
-_NO_HISTORY = RequestHistory()  # shown to policies that do not keep one (never updated)
+    @property
+    def choice(self) -> str:
+        return self.plan.kind
 
 
 class ReconstructionError(AssertionError):
@@ -96,22 +98,21 @@ def iter_serving(
     records: Iterable[TraceRecord],
     drafter: Drafter,
     policies: Sequence[Policy],
-    acceptance: VerifyModel,
+    model: VerifyModel,
 ) -> Iterator[ServingStep]:
     """Every verify step of every policy, request by request, positions ascending."""
+    shape = model.shape
     for record in records:
         out = record.output_ids
         out_list = out.tolist()
         n = len(out)
         drafter.start_request(record.req_id, record.prompt_ids)
-        streams = [acceptance.stream(record.req_id) for _ in policies]
-        # Only policies that read the history (the gate) pay for keeping it.
-        histories = [RequestHistory() if getattr(p, "needs_history", False) else None for p in policies]
-        context = np.concatenate([record.prompt_ids[-TAIL_TOKENS:], out])
-        shift = min(len(record.prompt_ids), TAIL_TOKENS)
+        streams = [Eagle3Stream() for _ in policies]
+        # Only policies that read the request's state (the gate) pay for keeping it.
+        states = [RequestState(record.prompt_ids) if getattr(p, "needs_state", False) else None for p in policies]
         heap = [(0, i) for i in range(len(policies))]
         fed = 0
-        draft_pos, draft, label = -1, EMPTY_DRAFT, 0
+        draft_pos, draft, full_label = -1, EMPTY_DRAFT, 0
         while heap:
             pos, i = heapq.heappop(heap)
             policy = policies[i]
@@ -119,29 +120,18 @@ def iter_serving(
                 drafter.append(record.req_id, out_list[fed:pos])
                 fed = pos
                 draft = drafter.speculate(record.req_id)
-                draft_pos, label = pos, acceptance.cache_accept_len(accept_len(draft.tokens, out_list, pos))
-            history = histories[i]
-            view = StepView(
-                req_id=record.req_id, source=record.source, pos=pos, num_prompt_tokens=len(record.prompt_ids),
-                draft=draft if policy.needs_draft else EMPTY_DRAFT,
-                tail=context[max(0, pos + shift - TAIL_TOKENS) : pos + shift],
-                history=history if history is not None else _NO_HISTORY,
-                oracle_accept_len=label if policy.needs_draft else 0,
-            )
-            choice = policy.decide(view)
-            if choice == CACHE:
-                out_len = label + 1
-            elif choice == EAGLE3:
-                out_len = next(streams[i])
-            elif choice == GREEDY:
-                out_len = 1
-            else:
-                raise ValueError(f"policy {policy.name!r} returned {choice!r}; expected cache, eagle3 or greedy")
-            out_len = min(out_len, n - pos)
-            if history is not None:
-                history.record(pos, view.draft)
-                history.observe(out_list[pos : pos + out_len])
-            yield ServingStep(record.req_id, record.source, policy.name, pos, choice, view.draft, view.oracle_accept_len, out_len)
+                draft_pos, full_label = pos, accept_len(draft.tokens, out_list, pos)
+            state = states[i]
+            label = model.cache_accept_len(full_label) if policy.needs_draft else 0
+            view = StepView(req_id=record.req_id, source=record.source, pos=pos, shape=shape,
+                            draft=draft if policy.needs_draft else EMPTY_DRAFT, state=state, oracle_accept_len=label)
+            plan = policy.decide(view)
+            if not isinstance(plan, RowPlan) or plan.cache_len + plan.eagle_nodes > shape.draft_nodes:
+                raise ValueError(f"policy {policy.name!r} returned {plan!r}; expected a RowPlan within {shape.draft_nodes} nodes")
+            out_len = min(model.out_len(plan, full_label if policy.needs_draft else 0, streams[i]), n - pos)
+            if state is not None:
+                state.observe(out_list[pos : pos + out_len])
+            yield ServingStep(record.req_id, record.source, policy.name, pos, plan, view.draft, label, out_len)
             if pos + out_len < n:
                 heapq.heappush(heap, (pos + out_len, i))
         _finish(drafter, record, fed)

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ..drafter.protocol import Drafter
-from ..features import TAIL_TOKENS, FeatureExtractor, FeatureInput, RequestHistory
+from ..features import FeatureExtractor, FeatureInput
+from ..policy import RequestState
 from ..trace import TraceRecord
 from .engine import iter_dense
 
@@ -31,7 +32,7 @@ def iter_labelled(records: Iterable[TraceRecord], drafter: Drafter, extractor: F
     current: TraceRecord | None = None
     rows: list[FeatureInput] = []
     meta: list[tuple[int, int, int]] = []
-    history = RequestHistory()
+    state: RequestState | None = None
 
     def flush():
         feats = extractor(rows)
@@ -42,15 +43,11 @@ def iter_labelled(records: Iterable[TraceRecord], drafter: Drafter, extractor: F
         if step.record is not current:
             if current is not None:
                 yield flush()
-            current, rows, meta, history = step.record, [], [], RequestHistory()
-            context = np.concatenate([current.prompt_ids[-TAIL_TOKENS:], current.output_ids])
-            shift = min(len(current.prompt_ids), TAIL_TOKENS)
-        pos = step.pos
+            current, rows, meta, state = step.record, [], [], RequestState(step.record.prompt_ids)
         if step.draft.tokens:
-            rows.append(FeatureInput(step.draft, pos, len(current.prompt_ids),
-                                     context[max(0, pos + shift - TAIL_TOKENS) : pos + shift], history.scalars()))
-            meta.append((pos, step.accept_len, len(step.draft.tokens)))
-        history.record(pos, step.draft)
-        history.observe([int(current.output_ids[pos])])
+            rows.append(state.feature_input(step.draft))
+            meta.append((step.pos, step.accept_len, len(step.draft.tokens)))
+        state.record(step.draft.tokens)
+        state.observe([int(current.output_ids[step.pos])])
     if current is not None:
         yield flush()

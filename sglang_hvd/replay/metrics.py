@@ -2,15 +2,18 @@
 
 cycles_per_1k       verify cycles per 1,000 output tokens (lower is better; greedy = 1000)
 tokens_per_verify   output tokens per verify cycle (= 1000 / cycles_per_1k)
-cache_pick_rate     share of cycles that verified the cache draft
-mean_cache_accept   mean accept_len over cache verifies (bonus token excluded)
-cache_high_share    share of cache verifies with accept_len >= 6 (high payoff)
+cache_pick_rate     share of cycles whose row held a cache branch (chain or two-branch)
+two_branch_rate     share of cycles whose row held a cache branch and EAGLE3 nodes
+mean_cache_accept   mean cache tokens accepted over those verifies (bonus excluded)
+cache_high_share    share of those verifies that accepted >= 6 cache tokens (high payoff)
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+
+from ..policy import RowPlan
 
 HIGH_PAYOFF_ACCEPT_LEN = 6
 
@@ -22,18 +25,22 @@ class PolicyTally:
     cache_steps: int = 0
     cache_accepted: int = 0
     cache_high: int = 0
-    cache_draft_tokens: int = 0
+    cache_draft_tokens: int = 0  # cache tokens verified
     eagle3_steps: int = 0
+    two_branch_steps: int = 0
 
-    def add_step(self, choice: str, out_len: int, accept_len: int, draft_len: int = 0) -> None:
+    def add_step(self, plan: RowPlan, out_len: int, accept_len: int) -> None:
+        """One verify of ``plan``; ``accept_len``: the cache draft's LCP (capped at the row)."""
         self.cycles += 1
         self.tokens += out_len
-        if choice == "cache":
+        if plan.cache_len:
+            accepted = min(accept_len, plan.cache_len)
             self.cache_steps += 1
-            self.cache_draft_tokens += draft_len
-            self.cache_accepted += accept_len
-            self.cache_high += accept_len >= HIGH_PAYOFF_ACCEPT_LEN
-        elif choice == "eagle3":
+            self.cache_draft_tokens += plan.cache_len
+            self.cache_accepted += accepted
+            self.cache_high += accepted >= HIGH_PAYOFF_ACCEPT_LEN
+            self.two_branch_steps += plan.eagle_nodes > 0
+        elif plan.eagle_nodes:
             self.eagle3_steps += 1
 
     def merge(self, other: PolicyTally) -> None:
@@ -47,6 +54,7 @@ class PolicyTally:
             "cycles_per_1k": 1000.0 * self.cycles / max(self.tokens, 1),
             "tokens_per_verify": self.tokens / c,
             "cache_pick_rate": self.cache_steps / c,
+            "two_branch_rate": self.two_branch_steps / c,
             "mean_cache_accept": self.cache_accepted / cs if self.cache_steps else 0.0,
             "cache_high_share": self.cache_high / cs if self.cache_steps else 0.0,
             "cycles": self.cycles,
@@ -54,16 +62,17 @@ class PolicyTally:
             "cache_steps": self.cache_steps,
             "eagle3_steps": self.eagle3_steps,
             "cache_draft_tokens": self.cache_draft_tokens,
+            "two_branch_steps": self.two_branch_steps,
         }
 
 
-COLUMNS = ("cycles/1k", "tokens/verify", "cache pick", "mean cache accept", "cache accept>=6")
+COLUMNS = ("cycles/1k", "tokens/verify", "cache pick", "two-branch", "mean cache accept", "cache accept>=6")
 
 
 def table_row(name: str, tally: PolicyTally) -> tuple:
     j = tally.to_json()
     return (name, j["cycles_per_1k"], j["tokens_per_verify"], f"{100 * j['cache_pick_rate']:.1f}%",
-            j["mean_cache_accept"], f"{100 * j['cache_high_share']:.1f}%")
+            f"{100 * j['two_branch_rate']:.1f}%", j["mean_cache_accept"], f"{100 * j['cache_high_share']:.1f}%")
 
 
 @dataclasses.dataclass(slots=True)

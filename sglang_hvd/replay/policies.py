@@ -1,29 +1,31 @@
-"""Verify policies: which draft a request verifies at one decode step.
+"""Verify policies: the row plan (policy.RowPlan) a request verifies at one decode step.
 
-Each policy sees a StepView (what the server knows before the verify) and returns one
-of CACHE, EAGLE3, GREEDY. Replay compares them on the same traces:
+Each policy sees a StepView (what the server knows before the verify, plus the label
+only the oracle may read) and returns a RowPlan at the verify shape. Replay compares
+them on the same traces:
 
   greedy       no speculation: one token per cycle
-  eagle3_only  always the EAGLE3 draft
-  cache_only   SuffixDecoding: the cache draft whenever there is one, else a plain step
-  rule@c       the cache draft when its score >= c, else EAGLE3 (ArcticInference's rule)
-  hvd          the learned gate: the cache draft when predicted accept_len > threshold
-  oracle       the cache draft exactly when its true accept_len + 1 beats EAGLE3's mean
+  eagle3_only  always EAGLE3's row (its N-1 nodes)
+  cache_only   SuffixDecoding: the cache chain whenever there is a draft, else a plain step
+  rule@c       the cache chain when the draft's score >= c, else EAGLE3 (ArcticInference's rule)
+  hvd          the learned gate through the serving decision (policy.decide): EAGLE3's
+               row, a cache chain or a two-branch row
+  oracle       the choose-one oracle: the cache chain exactly when its true yield
+               (accepted + 1) beats EAGLE3's expected tokens at the shape
 
-The learned gate and the oracle plug in through the same interface (``needs_draft``
-tells replay to draft at the positions a policy visits).
+Baselines verify one source per row, as their designers ship them; only hvd shares a
+row between the cache draft and EAGLE3.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import ClassVar, Protocol
 
-from ..drafter.protocol import Draft
-from ..features import FeatureInput, RequestHistory
-
-CACHE, EAGLE3, GREEDY = "cache", "eagle3", "greedy"
+from ..drafter.protocol import Draft, drafts_to_arrays
+from ..policy import DecisionRule, RequestState, RowPlan, decide
+from ..verify import VerifyShape
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,49 +35,58 @@ class StepView:
     req_id: str
     source: str
     pos: int  # output tokens generated so far
-    num_prompt_tokens: int
+    shape: VerifyShape
     draft: Draft  # the cache draft at this position (empty if the policy needs none)
-    tail: Sequence[int]  # the last few context tokens (features.TAIL_TOKENS)
-    history: RequestHistory  # this request's earlier drafts under this policy (before this one)
+    state: RequestState | None  # the request's decision state under this policy (needs_state)
     oracle_accept_len: int
-    """The draft's true accepted length. Only the oracle policy may read this."""
+    """The draft's true accepted length, capped at the row (N-1). Only the oracle may read it."""
 
 
 class Policy(Protocol):
     name: str
     needs_draft: ClassVar[bool]  # replay drafts where this policy stands
-    # (optional) needs_history: ClassVar[bool]: replay keeps a RequestHistory for it
+    # (optional) needs_state: ClassVar[bool]: replay keeps a RequestState for it
+
+    def decide(self, view: StepView) -> RowPlan: ...
 
 
-    def decide(self, view: StepView) -> str: ...
+def eagle3_row(shape: VerifyShape) -> RowPlan:
+    return RowPlan(0, shape.draft_nodes)
+
+
+def cache_chain(view: StepView) -> RowPlan:
+    return RowPlan(min(len(view.draft.tokens), view.shape.draft_nodes), 0)
+
+
+GREEDY_ROW = RowPlan(0, 0)
 
 
 class Greedy:
     name = "greedy"
     needs_draft = False
 
-    def decide(self, view: StepView) -> str:
-        return GREEDY
+    def decide(self, view: StepView) -> RowPlan:
+        return GREEDY_ROW
 
 
 class Eagle3Only:
     name = "eagle3_only"
     needs_draft = False
 
-    def decide(self, view: StepView) -> str:
-        return EAGLE3
+    def decide(self, view: StepView) -> RowPlan:
+        return eagle3_row(view.shape)
 
 
 class CacheOnly:
     name = "cache_only"
     needs_draft = True
 
-    def decide(self, view: StepView) -> str:
-        return CACHE if view.draft.tokens else GREEDY
+    def decide(self, view: StepView) -> RowPlan:
+        return cache_chain(view) if view.draft.tokens else GREEDY_ROW
 
 
 class ScoreRule:
-    """Cache draft when its score >= threshold, else EAGLE3."""
+    """Cache chain when the draft's score >= threshold, else EAGLE3's row."""
 
     needs_draft = True
 
@@ -83,46 +94,49 @@ class ScoreRule:
         self.threshold = threshold
         self.name = f"rule@{threshold:g}"
 
-    def decide(self, view: StepView) -> str:
-        return CACHE if view.draft.tokens and view.draft.score >= self.threshold else EAGLE3
+    def decide(self, view: StepView) -> RowPlan:
+        if view.draft.tokens and view.draft.score >= self.threshold:
+            return cache_chain(view)
+        return eagle3_row(view.shape)
 
 
 class Oracle:
-    """Cache draft exactly when its true yield (accept_len + 1) beats EAGLE3's expectation."""
+    """Cache chain exactly when its true yield (accept_len + 1) beats EAGLE3's expectation."""
 
     name = "oracle"
     needs_draft = True
 
-    def __init__(self, eagle3_tokens_per_cycle: float):
-        self.eagle3_tokens_per_cycle = eagle3_tokens_per_cycle
+    def __init__(self, eagle3_tokens: float):
+        self.eagle3_tokens = eagle3_tokens
 
-    def decide(self, view: StepView) -> str:
-        return CACHE if view.oracle_accept_len + 1 > self.eagle3_tokens_per_cycle else EAGLE3
+    def decide(self, view: StepView) -> RowPlan:
+        if view.draft.tokens and view.oracle_accept_len + 1 > self.eagle3_tokens:
+            return cache_chain(view)
+        return eagle3_row(view.shape)
 
 
 class GatePolicy:
-    """HVD: the cache draft when the gate predicts accept_len > threshold, else EAGLE3.
+    """HVD: the serving decision (policy.decide) on a batch of one row.
 
     Keeps ``(source, predicted, true accept_len)`` of every draft it judged, for the
     gate's precision/recall report.
     """
 
     needs_draft = True
-    needs_history = True
+    needs_state = True
 
-    def __init__(self, gate, threshold: float | None = None, name: str = "hvd"):
+    def __init__(self, gate, rule: DecisionRule, name: str = "hvd"):
         self.gate = gate
-        self.threshold = gate.threshold if threshold is None else threshold
+        self.rule = rule
         self.name = name
         self.judged: list[tuple[str, float, int]] = []
 
-    def decide(self, view: StepView) -> str:
-        if not view.draft.tokens:
-            return EAGLE3
-        row = FeatureInput(view.draft, view.pos, view.num_prompt_tokens, view.tail, view.history.scalars())
-        predicted = float(self.gate.predict(self.gate.extractor([row]))[0])
-        self.judged.append((view.source, predicted, view.oracle_accept_len))
-        return CACHE if predicted > self.threshold else EAGLE3
+    def decide(self, view: StepView) -> RowPlan:
+        arrays = drafts_to_arrays([view.draft], max(len(view.draft.tokens), 1))
+        plans = decide(self.gate, arrays, [view.state], view.shape, self.rule)
+        if view.draft.tokens:
+            self.judged.append((view.source, float(plans.predicted[0]), view.oracle_accept_len))
+        return plans.plan(0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,15 +144,15 @@ class PolicyOptions:
     """Settings the policy factories draw on."""
 
     rule_thresholds: tuple[float, ...] = (3.0,)
-    eagle3_tokens_per_cycle: float = 1.75
+    eagle3_tokens: float = 1.75  # expected tokens of EAGLE3's row (the oracle's bar)
     gate: object | None = None  # a sglang_hvd.gate.Gate, for the hvd policy
-    gate_thresholds: tuple[float, ...] = ()  # extra hvd@T policies (threshold sweeps)
+    decision: DecisionRule | None = None  # None: the gate's own
 
 
 def _gate_policies(o: PolicyOptions) -> list[Policy]:
     if o.gate is None:
-        raise ValueError("the hvd policy needs a gate (--gate GATE_DIR)")
-    return [GatePolicy(o.gate)] + [GatePolicy(o.gate, t, name=f"hvd@{t:g}") for t in o.gate_thresholds]
+        raise ValueError("the hvd policy needs a gate: pass --gate GATE_DIR (a folder written by `hvd train`)")
+    return [GatePolicy(o.gate, o.decision or o.gate.rule)]
 
 
 # name -> factory(options) -> policies (a name may expand to several, e.g. one rule per
@@ -148,7 +162,7 @@ POLICY_FACTORIES: dict[str, Callable[[PolicyOptions], list[Policy]]] = {
     "eagle3_only": lambda o: [Eagle3Only()],
     "cache_only": lambda o: [CacheOnly()],
     "rule": lambda o: [ScoreRule(t) for t in o.rule_thresholds],
-    "oracle": lambda o: [Oracle(o.eagle3_tokens_per_cycle)],
+    "oracle": lambda o: [Oracle(o.eagle3_tokens)],
     "hvd": _gate_policies,
 }
 BASELINES = ("greedy", "eagle3_only", "cache_only", "rule")

@@ -59,7 +59,7 @@ def simulate(
     num_drafts = 0
     last = None
     for step in iter_serving(_counting(records, sources, on_request), drafter, policies, acceptance):
-        sources[step.source].policy(step.policy).add_step(step.choice, step.out_len, step.accept_len, len(step.draft.tokens))
+        sources[step.source].policy(step.policy).add_step(step.plan, step.out_len, step.accept_len)
         if step.draft.tokens and (step.req_id, step.pos) != last:
             num_drafts += 1
             last = (step.req_id, step.pos)

@@ -1,8 +1,10 @@
-"""Threshold sweeps: the gate at many thresholds and the score rule at many constants,
-replayed together in one serving-mode pass, scored by modelled decode time.
+"""Decision sweeps: the gate at many (threshold, EAGLE3 reserve) rules and the score rule
+at many constants, replayed together in one serving-mode pass, scored by modelled
+decode time.
 
-Used by ``hvd train`` (calibrating the gate's threshold and choosing the rule's constant
-on validation conversations) and ``hvd eval --plot`` (the curve on evaluation traces).
+Used by ``hvd train`` (calibrating the gate's decision rule and choosing the rule's
+constant on validation conversations) and ``hvd eval --plot`` (the curve on evaluation
+traces).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..drafter import create_drafter
+from ..policy import DecisionRule
 from ..trace import TraceRecord
+from ..verify import VerifyShape
 from .acceptance import VerifyModel
 from .cost import CostModel
 from .metrics import HIGH_PAYOFF_ACCEPT_LEN
@@ -22,6 +26,11 @@ from .simulate import ReplayResult, simulate
 
 DEFAULT_GATE_THRESHOLDS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 DEFAULT_RULE_THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+
+
+def default_reserves(shape: VerifyShape) -> tuple[int, ...]:
+    """EAGLE3 reserves calibration tries: none, one node, EAGLE3's chain depth (topk > 1)."""
+    return tuple(sorted({0, 1, shape.steps})) if shape.allows_branches else (0,)
 
 
 def gate_metrics(judged: Sequence[tuple[str, float, int]], source: str | None = None) -> dict[str, float]:
@@ -44,35 +53,40 @@ def gate_metrics(judged: Sequence[tuple[str, float, int]], source: str | None = 
 @dataclasses.dataclass(slots=True)
 class Sweep:
     result: ReplayResult
-    gate_curve: list[dict]  # one entry per gate threshold
+    gate_curve: list[dict]  # one entry per decision rule (threshold, eagle_reserve)
     rule_curve: list[dict]  # one entry per rule constant
-    best_threshold: float
+    best: DecisionRule
     best_rule_threshold: float
     baselines: dict[str, dict]  # greedy, eagle3_only, cache_only, oracle: cycles and time
 
     def to_json(self) -> dict:
-        return {"gate": self.gate_curve, "rule": self.rule_curve, "best_threshold": self.best_threshold,
+        return {"gate": self.gate_curve, "rule": self.rule_curve, "best": self.best.to_json(),
                 "best_rule_threshold": self.best_rule_threshold, "baselines": self.baselines}
 
 
-def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, acceptance: VerifyModel, costs: CostModel,
+def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, model: VerifyModel, costs: CostModel,
           gate_thresholds: Sequence[float] = DEFAULT_GATE_THRESHOLDS,
-          rule_thresholds: Sequence[float] = DEFAULT_RULE_THRESHOLDS) -> Sweep:
-    gates = [GatePolicy(gate, t, name=f"hvd@{t:g}") for t in gate_thresholds]
+          rule_thresholds: Sequence[float] = DEFAULT_RULE_THRESHOLDS,
+          reserves: Sequence[int] | None = None) -> Sweep:
+    reserves = default_reserves(model.shape) if reserves is None else tuple(reserves)
+    decisions = [DecisionRule(t, r) for r in reserves for t in gate_thresholds]
+    gates = [GatePolicy(gate, d, name=f"hvd@{d.threshold:g}/{d.eagle_reserve}") for d in decisions]
     rules = [ScoreRule(c) for c in rule_thresholds]
-    base = [Greedy(), Eagle3Only(), CacheOnly(), Oracle(acceptance.expected_tokens_per_cycle)]
-    result = simulate(records, create_drafter(drafter_name, gate.drafter_config), base + rules + gates, acceptance)
+    base = [Greedy(), Eagle3Only(), CacheOnly(), Oracle(model.eagle3_tokens)]
+    result = simulate(records, create_drafter(drafter_name, gate.drafter_config), base + rules + gates, model)
     total = result.overall
 
     def entry(policy, **extra):
         t = total.policy(policy.name)
         j = t.to_json()
         return {**extra, "cycles_per_1k": j["cycles_per_1k"], "time_per_1k": costs.time_per_1k(t),
-                "cache_pick_rate": j["cache_pick_rate"]}
+                "cache_pick_rate": j["cache_pick_rate"], "two_branch_rate": j["two_branch_rate"]}
 
-    gate_curve = [entry(g, threshold=t, **gate_metrics(g.judged)) for g, t in zip(gates, gate_thresholds)]
+    gate_curve = [entry(g, threshold=d.threshold, eagle_reserve=d.eagle_reserve, **gate_metrics(g.judged))
+                  for g, d in zip(gates, decisions)]
     rule_curve = [entry(r, threshold=c) for r, c in zip(rules, rule_thresholds)]
-    best_gate = min(gate_curve, key=lambda e: e["time_per_1k"]) if gate_curve else {"threshold": gate.threshold}
+    best_gate = min(gate_curve, key=lambda e: e["time_per_1k"]) if gate_curve else None
+    best = DecisionRule(best_gate["threshold"], best_gate["eagle_reserve"]) if best_gate else gate.rule
     best_rule = min(rule_curve, key=lambda e: e["time_per_1k"]) if rule_curve else {"threshold": 3.0}
     baselines = {p.name: entry(p) for p in base}
-    return Sweep(result, gate_curve, rule_curve, float(best_gate["threshold"]), float(best_rule["threshold"]), baselines)
+    return Sweep(result, gate_curve, rule_curve, best, float(best_rule["threshold"]), baselines)

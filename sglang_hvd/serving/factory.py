@@ -6,7 +6,7 @@ from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
-from ..trace import TokenizerId
+from ..verify import VerifyShape
 from .config import HVDServingConfig
 from .recorder import TraceRecorder
 from .stepper import HVDStepper
@@ -17,8 +17,19 @@ def load_gate(config: HVDServingConfig) -> Gate:
     return Gate(config.gate, threshold=config.threshold)
 
 
-def build_stepper(config: HVDServingConfig) -> HVDStepper:
+def check_shape(gate: Gate, served: VerifyShape) -> None:
+    """The gate's labels and calibration assumed one verify shape: refuse another."""
+    want = gate.shape
+    if want != served:
+        raise HvdInputError(
+            f"the gate {gate.gate_dir} was trained for verify rows of {want.describe()}, but this server verifies "
+            f"{served.describe()}: serve with {want.sglang_flags()}, or train a gate for this shape "
+            f"(hvd train ... --verify-topk {served.topk} --verify-steps {served.steps} --verify-nodes {served.nodes})")
+
+
+def build_stepper(config: HVDServingConfig, shape: VerifyShape) -> HVDStepper:
     gate = load_gate(config)
+    check_shape(gate, shape)
     name = config.drafter or default_drafter_name()
     try:
         drafter = create_drafter(name, config.drafter_config(gate.drafter_config))
@@ -30,6 +41,4 @@ def build_stepper(config: HVDServingConfig) -> HVDStepper:
             recorder = TraceRecorder(config.record_traces, max_queue=config.record_queue)
         except OSError as e:
             raise HvdInputError(f"{config.record_traces}: cannot record traces there ({e.strerror})") from None
-    tok = gate.spec.get("tokenizer", {})
-    return HVDStepper(drafter, gate, recorder=recorder,
-                      tokenizer=TokenizerId(tok.get("name", "unknown"), tok.get("digest", "unknown")))
+    return HVDStepper(drafter, gate, shape, recorder=recorder, tokenizer=gate.spec.tokenizer)

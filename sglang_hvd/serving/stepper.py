@@ -2,16 +2,16 @@
 
 Per step the serving worker calls, for the batch's requests in row order:
   sync(rid, prompt_ids, output_ids)   bring the drafter up to date with each request
-  decide(rids, width)                 cache drafts + features + gate -> which rows use them
+  decide(rids)                        cache drafts + policy.decide -> one RowPlan per row
   verified(rids, accept_lens, rows)   what the verify accepted (metrics, trace steps)
-and finish(rid) when a request ends. The gate runs once per step on the whole batch. A
-gate that fails at run time makes that step use EAGLE3 for every row: logged once,
-counted in ``stats()["gate_errors"]``, never raised into the server.
+and finish(rid) when a request ends. The decision (gate included) runs once per step on
+the whole batch, through the same policy.decide that replay and training use. A gate
+that fails at run time makes that step verify EAGLE3's rows: logged once, counted in
+``stats()["gate_errors"]``, never raised into the server.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import time
@@ -19,30 +19,33 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..drafter.protocol import Draft, Drafter
-from ..features import TAIL_TOKENS, RequestHistory
+from ..drafter.protocol import Drafter
+from ..policy import DecisionRule, RequestState, RowPlans, decide, no_decision
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
+from ..verify import VerifyShape
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class StepDecision:
-    use_cache: np.ndarray  # [B] bool: the row verifies the cache draft this step
-    cache_tokens: np.ndarray  # [B, width] int32 cache draft tokens, -1 beyond cache_lens
-    cache_lens: np.ndarray  # [B] int32 tokens of the cache draft that fit the verify width
-    predicted: np.ndarray  # [B] float32 gate prediction of accept_len (nan: not judged)
+class _Verify:
+    """One row's verify, until the tokens it emitted arrive and say which branch won."""
+
+    pos: int
+    cache_draft: tuple[int, ...]  # the cache branch (empty: an EAGLE3 row)
+    eagle_nodes: int
+    accept_len: int = -1  # -1 until the verify returns
+    eagle_row: tuple[int, ...] = ()  # the EAGLE3 chain (topk 1), for the recorded trace
 
 
 class _Request:
-    __slots__ = ("prompt", "output", "tail", "history", "pending", "steps")
+    __slots__ = ("prompt", "output", "state", "pending", "steps")
 
     def __init__(self, prompt: np.ndarray):
         self.prompt = prompt
         self.output: list[int] = []
-        self.tail = collections.deque(prompt[-TAIL_TOKENS:].tolist(), maxlen=TAIL_TOKENS)
-        self.history = RequestHistory()
-        self.pending: tuple[int, str, tuple[int, ...]] | None = None  # (pos, src, draft) of the last decide
+        self.state = RequestState(prompt)
+        self.pending: _Verify | None = None
         self.steps: list[TraceStep] = []
 
 
@@ -50,26 +53,33 @@ class _Request:
 class StepStats:
     steps: int = 0
     rows: int = 0
-    cache_rows: int = 0
-    cache_accepted: int = 0
-    eagle3_rows: int = 0
-    eagle3_accepted: int = 0
+    cache_rows: int = 0  # rows with a cache branch (a chain or two branches)
+    cache_accepted: int = 0  # cache tokens accepted in them
+    two_branch_rows: int = 0  # cache rows that kept EAGLE3 nodes beside the cache branch
+    eagle3_branch_wins: int = 0  # two-branch rows whose EAGLE3 branch was accepted
+    eagle3_rows: int = 0  # rows verifying EAGLE3's draft alone
+    eagle3_accepted: int = 0  # EAGLE3 tokens accepted (its rows and its branch wins)
     gate_errors: int = 0
     cpu_us_total: float = 0.0
 
 
 class HVDStepper:
-    def __init__(self, drafter: Drafter, gate, threshold: float | None = None, recorder=None,
+    def __init__(self, drafter: Drafter, gate, shape: VerifyShape, rule: DecisionRule | None = None, recorder=None,
                  tokenizer: TokenizerId | None = None, source: str = "served"):
         self.drafter = drafter
         self.gate = gate
-        self.threshold = gate.threshold if threshold is None and gate is not None else (threshold or 0.0)
+        self.shape = shape
+        self.rule = rule if rule is not None else (gate.rule if gate is not None else DecisionRule())
         self.recorder = recorder
         self.tokenizer = tokenizer or TokenizerId("unknown", "unknown")
         self.source = source
         self._reqs: dict[str, _Request] = {}
         self.stats = StepStats()
         self._gate_error_logged = False
+
+    @property
+    def threshold(self) -> float:
+        return self.rule.threshold
 
     def __contains__(self, rid: str) -> bool:
         return rid in self._reqs
@@ -86,9 +96,9 @@ class HVDStepper:
         if not new:
             return
         st.output.extend(new)
-        st.tail.extend(new)
-        st.history.observe(new)
+        st.state.observe(new)
         self.drafter.append(rid, new)
+        self._resolve(st)
 
     def finish(self, rid: str, final_output: Sequence[int] | None = None) -> None:
         """The request ended: its response stays in the global cache; record its trace.
@@ -102,6 +112,7 @@ class HVDStepper:
         self.drafter.finish_request(rid)
         if final_output is not None and len(final_output) < len(st.output):
             st.output = list(final_output)
+        self._resolve(st, final=True)
         if self.recorder is not None and st.output:
             self.recorder.record(TraceRecord(
                 req_id=rid, conv_id=rid, turn=0, source=self.source, tokenizer=self.tokenizer,
@@ -120,80 +131,83 @@ class HVDStepper:
 
     # -- the step --------------------------------------------------------------------
 
-    def decide(self, rids: Sequence[str], width: int) -> StepDecision:
-        """Cache drafts for the batch and the gate's verdict per row."""
+    def decide(self, rids: Sequence[str]) -> RowPlans:
+        """Cache drafts for the batch and the row plan of each row (policy.decide)."""
         start = time.perf_counter()
-        b = len(rids)
-        arrays = self.drafter.speculate_arrays(rids)
-        lens = arrays["lengths"].astype(np.int32)
         states = [self._reqs[r] for r in rids]
-        predicted = np.full(b, np.nan, dtype=np.float32)
-        use = np.zeros(b, dtype=bool)
-        judged = lens > 0
-        if self.gate is not None and judged.any():
-            try:
-                pos = np.array([len(s.output) for s in states], dtype=np.float64)
-                prompt = np.array([len(s.prompt) for s in states], dtype=np.float64)
-                hist = np.array([s.history.scalars() for s in states], dtype=np.float32)
-                tails = np.full((b, TAIL_TOKENS), -1, dtype=np.int64)
-                tail_lens = np.zeros(b, dtype=np.int64)
-                for i, s in enumerate(states):
-                    tail_lens[i] = len(s.tail)
-                    tails[i, : len(s.tail)] = list(s.tail)
-                x = self.gate.extractor.from_arrays(arrays, pos, prompt, hist, tails, tail_lens)
-                pred = np.asarray(self.gate.predict(x), dtype=np.float32)
-                if pred.shape != (b,) or not np.all(np.isfinite(pred)):
-                    raise ValueError(f"gate returned shape {pred.shape} / non-finite values")
-                predicted = np.where(judged, pred, np.nan).astype(np.float32)
-                use = judged & (pred > self.threshold)
-            except Exception as e:  # the gate must never take the server down
-                self.stats.gate_errors += 1
-                use[:] = False
-                if not self._gate_error_logged:
-                    log.error("HVD gate failed at run time (%s: %s); this step and any like it use EAGLE3 drafts. "
-                              "Further gate errors are counted, not logged.", e.__class__.__name__, e)
-                    self._gate_error_logged = True
-        cache_lens = np.minimum(lens, width).astype(np.int32)
-        tokens = np.ascontiguousarray(arrays["tokens"][:, :width], dtype=np.int32)
+        arrays = self.drafter.speculate_arrays(rids)
+        plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True)
+        if plans.gate_error is not None:
+            self.stats.gate_errors += 1
+            if not self._gate_error_logged:
+                e = plans.gate_error
+                log.error("HVD gate failed at run time (%s: %s); this step and any like it use EAGLE3 drafts. "
+                          "Further gate errors are counted, not logged.", e.__class__.__name__, e)
+                self._gate_error_logged = True
         for i, s in enumerate(states):
-            n = int(lens[i])
-            draft = tuple(arrays["tokens"][i, :n].tolist()) if n else ()
-            s.history.record(len(s.output), Draft(tokens=draft))
-            s.pending = (len(s.output), "cache" if use[i] else "eagle3", draft[: int(cache_lens[i])])
+            cache = int(plans.cache_lens[i])
+            draft = tuple(plans.cache_tokens[i, :cache].tolist()) if cache else ()
+            s.pending = _Verify(len(s.output), draft, int(plans.eagle_nodes[i]))
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
         self.stats.steps += 1
-        return StepDecision(use, tokens, cache_lens, predicted)
+        return plans
 
     def verified(self, rids: Sequence[str], accept_lens: Sequence[int], eagle3_rows: np.ndarray | None = None) -> None:
         """Accepted draft tokens per row (bonus excluded) of the step just verified.
 
-        ``eagle3_rows`` [B, N-1]: the EAGLE3 drafts of the rows, for the recorded trace.
+        ``eagle3_rows`` [B, N-1]: the EAGLE3 chains of the rows (topk 1), for the recorded
+        trace. Which branch of a two-branch row won is known once its tokens arrive (the
+        next ``sync``): the verify tries the cache branch first, so it won exactly when
+        the first emitted token is the cache draft's first token.
         """
         for i, rid in enumerate(rids):
             st = self._reqs.get(rid)
-            if st is None or st.pending is None:
+            if st is None or st.pending is None or st.pending.accept_len >= 0:
                 continue
-            pos, src, draft = st.pending
-            st.pending = None
-            a = int(accept_lens[i])
-            self.stats.rows += 1
-            if src == "cache":
-                self.stats.cache_rows += 1
+            row = tuple(int(t) for t in eagle3_rows[i]) if eagle3_rows is not None and not st.pending.cache_draft else ()
+            st.pending = dataclasses.replace(st.pending, accept_len=int(accept_lens[i]), eagle_row=row)
+            self._resolve(st)
+
+    def _resolve(self, st: _Request, final: bool = False) -> None:
+        v = st.pending
+        if v is None or v.accept_len < 0:
+            return
+        a = v.accept_len
+        if len(st.output) < v.pos + a and not final:
+            return  # its tokens have not arrived yet
+        st.pending = None
+        emitted = st.output[v.pos : v.pos + a]
+        self.stats.rows += 1
+        if v.cache_draft:
+            self.stats.cache_rows += 1
+            self.stats.two_branch_rows += v.eagle_nodes > 0
+            cache_won = a == 0 or (emitted[:1] == [v.cache_draft[0]])
+            if cache_won:
                 self.stats.cache_accepted += a
+                step = TraceStep(pos=v.pos, src="cache", draft=v.cache_draft, accept_len=min(a, len(v.cache_draft)))
             else:
-                self.stats.eagle3_rows += 1
+                self.stats.eagle3_branch_wins += 1
                 self.stats.eagle3_accepted += a
-                draft = tuple(int(t) for t in eagle3_rows[i]) if eagle3_rows is not None else ()
-            if self.recorder is not None:
-                st.steps.append(TraceStep(pos=pos, src=src, draft=draft, accept_len=min(a, len(draft))))
+                step = TraceStep(pos=v.pos, src="eagle3", draft=tuple(emitted), accept_len=len(emitted))
+        else:
+            self.stats.eagle3_rows += 1
+            self.stats.eagle3_accepted += a
+            # topk 1: the EAGLE3 chain; a tree: the path the verify accepted.
+            draft = v.eagle_row or tuple(emitted)
+            step = TraceStep(pos=v.pos, src="eagle3", draft=draft, accept_len=min(a, len(draft)))
+        if self.recorder is not None:
+            st.steps.append(step)
 
     def summary(self) -> dict[str, float]:
         s = self.stats
+        eagle3_verifies = s.eagle3_rows + s.eagle3_branch_wins
         return {
             "steps": s.steps, "rows": s.rows, "gate_errors": s.gate_errors,
             "cache_pick_rate": s.cache_rows / max(s.rows, 1),
-            "cache_mean_accept": s.cache_accepted / max(s.cache_rows, 1),
-            "eagle3_mean_accept": s.eagle3_accepted / max(s.eagle3_rows, 1),
+            "two_branch_rate": s.two_branch_rows / max(s.rows, 1),
+            "eagle3_branch_wins": s.eagle3_branch_wins,
+            "cache_mean_accept": s.cache_accepted / max(s.cache_rows - s.eagle3_branch_wins, 1),
+            "eagle3_mean_accept": s.eagle3_accepted / max(eagle3_verifies, 1),
             "cpu_us_per_step": s.cpu_us_total / max(s.steps, 1),
             "recorded_dropped": getattr(self.recorder, "num_dropped", 0),
         }

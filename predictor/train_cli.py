@@ -1,32 +1,41 @@
-"""``hvd train TRACES... --tokenizer DIR -o GATE_DIR``: train and calibrate the payoff gate."""
+"""``hvd train TRACES... --tokenizer DIR -o GATE_DIR``: train and calibrate the payoff gate.
+
+Lives on the offline side (shipped as ``sglang_hvd.predictor.train_cli``): ``hvd`` finds
+it through the ``sglang_hvd.commands`` entry point, so the runtime never imports torch
+or this package. Heavy imports (torch, onnx) happen inside ``main``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
-from ..errors import HvdInputError
-from ..jsonl import write_json
-from ..replay.cost import CostModel
-from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS
-from ..report import format_table
-from ..tokenizer import ChatTokenizer
-from ..trace import ReadReport, iter_traces, single_tokenizer
-from .common import add_json_flag, add_skip_invalid_flag, cli_entry, float_list, positive_int
-from .options import add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags, verify_model_from_flags
-from ..drafter.protocol import DrafterConfig
+from sglang_hvd.cli.common import add_json_flag, add_skip_invalid_flag, cli_entry, float_list, positive_int
+from sglang_hvd.cli.options import (add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags,
+                                    verify_model_from_flags)
+from sglang_hvd.drafter.protocol import DrafterConfig
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.jsonl import write_json
+from sglang_hvd.replay.cost import CostModel
+from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS
+from sglang_hvd.report import format_table
+from sglang_hvd.tokenizer import ChatTokenizer
+from sglang_hvd.trace import ReadReport, iter_traces, single_tokenizer
+
+from .split import GROUPINGS
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hvd train",
         description=(
-            "Train the payoff gate: split requests by conversation (train / validation / optional held-out "
-            "test), replay them to label cache drafts with their true accepted length (by default the drafts met "
-            "where serving walks of baseline policies stand; --rows dense: every output position), fit an MLP "
-            "with MSE (torch, CPU), calibrate the decision threshold on validation "
-            "replay by modelled decode time, check the ONNX export against torch, and write GATE_DIR with "
-            "gate.onnx, gate.json, token_flags.npy and metrics.json. Needs the `train` extra (torch, onnx)."
+            "Train the payoff gate for one verify shape: split requests by conversation or task group (train / "
+            "validation / optional held-out test), replay them to label cache drafts with their true accepted "
+            "length at that shape (by default the drafts met where serving walks of baseline policies stand; "
+            "--rows dense: every output position), fit an MLP with MSE (torch, CPU), calibrate the decision rule "
+            "(threshold and EAGLE3 reserve) on validation replay by modelled decode time, check the ONNX export "
+            "against torch, and write GATE_DIR with gate.onnx, gate.json, token_flags.npy and metrics.json. "
+            "Needs the `train` extra (torch, onnx)."
         ),
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
@@ -36,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validation-fraction", type=float, default=0.2, help="share of conversations for validation (default: %(default)s)")
     p.add_argument("--test-fraction", type=float, default=0.0,
                    help="share of conversations held out entirely, for `hvd eval --held-out` (default: %(default)s)")
+    p.add_argument("--split-by", choices=GROUPINGS, default="conversation",
+                   help="what the split keeps on one side: conversation, or task (conversations of the same task: "
+                        "tau-bench trials of one task, SWE-agent runs of one instance), to measure generalisation to "
+                        "unseen tasks (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and of training (default: %(default)s)")
     p.add_argument("--rows", choices=("dense", "serving"), default="serving",
                    help="training rows: dense = a draft at every output position (the paper's mode); serving = the "
@@ -47,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=512, help="minibatch size (default: %(default)s)")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default: %(default)s)")
     p.add_argument("--threshold", type=float, help="fixed decision threshold on predicted accept_len (default: calibrated)")
+    p.add_argument("--eagle-reserve", type=int, metavar="M",
+                   help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
     p.add_argument("--gate-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds tried by calibration (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     p.add_argument("--rule-thresholds", type=float_list, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
@@ -64,8 +79,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
 
-        from ..predictor.mlp import TrainConfig
-        from ..predictor.pipeline import TrainOptions, train_gate
+        from .mlp import TrainConfig
+        from .pipeline import TrainOptions, train_gate
     except ImportError as e:
         raise HvdInputError(f"hvd train needs the train extra ({e.name} is missing): pip install 'sglang-hvd[train]' "
                             "(on a CPU machine, pip install torch==2.13.0 first)") from None
@@ -82,11 +97,13 @@ def main(args: argparse.Namespace) -> int:
         hidden = tuple(int(h) for h in args.hidden.split(","))
         opts = TrainOptions(
             validation_fraction=args.validation_fraction, test_fraction=args.test_fraction, split_seed=args.seed,
+            split_by=args.split_by,
             model=TrainConfig(hidden=hidden, learning_rate=args.learning_rate, batch_size=args.batch_size,
                               max_epochs=args.epochs, patience=args.patience, seed=args.seed),
             rows=args.rows, drafter_name=args.drafter, drafter=dataclass_from_flags(DrafterConfig, args),
-            acceptance=verify_model_from_flags(args), costs=dataclass_from_flags(CostModel, args, prefix="cost"),
-            threshold=args.threshold, gate_thresholds=args.gate_thresholds, rule_thresholds=args.rule_thresholds,
+            verify=verify_model_from_flags(args), costs=dataclass_from_flags(CostModel, args, prefix="cost"),
+            threshold=args.threshold, eagle_reserve=args.eagle_reserve, gate_thresholds=args.gate_thresholds,
+            rule_thresholds=args.rule_thresholds,
         )
         metrics = train_gate(records, tokenizer.token_flags(), tokenizer.identity, args.output, opts)
     except ValueError as e:
@@ -95,16 +112,18 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError(str(e)) from None
     write_json(f"{args.output}/metrics.json", metrics)
     cal = metrics["calibration"]
-    rows = [(f"hvd@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%",
-             e["precision_at_6"], e["recall_at_6"]) for e in cal["gate"]]
-    rows += [(f"rule@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "")
+    rows = [(f"hvd@{e['threshold']:g}/{e['eagle_reserve']}", e["cycles_per_1k"], e["time_per_1k"],
+             f"{100 * e['cache_pick_rate']:.1f}%", f"{100 * e['two_branch_rate']:.1f}%", e["precision_at_6"], e["recall_at_6"])
+            for e in cal["gate"]]
+    rows += [(f"rule@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
              for e in cal["rule"]]
-    rows += [(name, e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "")
+    rows += [(name, e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
              for name, e in cal["baselines"].items()]
-    print(format_table(["policy", "cycles/1k", "modelled time/1k", "cache pick", "precision@6", "recall@6"], rows,
-                       title="\ncalibration on validation conversations"))
+    print(format_table(["policy (hvd@threshold/reserve)", "cycles/1k", "modelled time/1k", "cache pick", "two-branch",
+                        "precision@6", "recall@6"], rows, title="\ncalibration on validation conversations"))
     v = metrics["validation"]
-    print(f"\nwrote {args.output}: threshold {cal['best_threshold'] if args.threshold is None else args.threshold:g}, "
+    d = metrics["decision"]
+    print(f"\nwrote {args.output}: threshold {d['threshold']:g}, EAGLE3 reserve {d['eagle_reserve']}, "
           f"validation MSE {v['mse']:.3f}, precision@6 {v['precision_at_6']:.3f}, recall@6 {v['recall_at_6']:.3f} "
           f"(every validation draft), ONNX parity {metrics['parity_max_abs_diff']:.2g}, {metrics['seconds']['total']:.0f} s")
     if report.num_skipped:

@@ -1,0 +1,40 @@
+"""Tensor parallelism: every TP rank verifies the rows TP rank 0 planned.
+
+Only rank 0 drafts and runs the gate (one drafter, one gate, one CPU cost per server).
+At every eligible step every rank calls ``broadcast_plans``: rank 0 sends its packed
+plans (rows.pack_plans), or "EAGLE3 everywhere" when its HVD step failed, so no rank is
+ever left waiting in the collective and all ranks write identical rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sglang_hvd.policy import no_decision
+from sglang_hvd.verify import VerifyShape
+
+from .rows import pack_plans
+
+
+def eagle3_everywhere(bs: int, num_draft_tokens: int) -> np.ndarray:
+    """Packed plans that leave every row to EAGLE3."""
+    n = num_draft_tokens - 1
+    plans = no_decision(bs, VerifyShape(topk=1, steps=n, nodes=num_draft_tokens))
+    return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens)
+
+
+def broadcast_plans(packed: np.ndarray | None, bs: int, num_draft_tokens: int, group, rank: int,
+                    device: torch.device | str = "cpu") -> np.ndarray:
+    """Rank 0's plans ``[bs, num_draft_tokens + 1]`` on every rank of ``group`` (SGLang's
+    GroupCoordinator, or anything with ``broadcast(tensor, src=0)``); ``packed`` is
+    ignored on the other ranks and may be None on rank 0 (its step failed)."""
+    shape = (bs, num_draft_tokens + 1)
+    if rank == 0:
+        if packed is None or packed.shape != shape:
+            packed = eagle3_everywhere(bs, num_draft_tokens)
+        t = torch.from_numpy(np.ascontiguousarray(packed, dtype=np.int64)).to(device)
+    else:
+        t = torch.empty(shape, dtype=torch.int64, device=device)
+    group.broadcast(t, src=0)
+    return t.cpu().numpy()

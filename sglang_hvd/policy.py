@@ -1,0 +1,198 @@
+"""The one HVD decision: which shape each request's verify row takes this step.
+
+Called by the serving stepper (a decode batch) and by replay, training and calibration
+(one row at a time), so the gate is trained, calibrated and evaluated on exactly the
+decisions it makes when it serves.
+
+Per row (request) and step, given its cache draft, its state and the verify shape:
+
+  predicted = gate(features)                      accept_len the gate expects
+  predicted <= threshold or no draft  -> the EAGLE3 tree, untouched
+  otherwise                           -> a cache row: the cache draft's first
+      L = min(len(draft), N-1 - reserve) tokens, and EAGLE3's first M = N-1 - L nodes
+      beside it under the root (topk > 1; with topk 1 the row is the chain alone)
+
+``reserve`` (DecisionRule.eagle_reserve) keeps that many nodes for EAGLE3 even when the
+cache draft could fill the row; a short cache draft leaves more. The verify follows the
+cache branch when its first token is right and EAGLE3's nodes otherwise, so a wrong
+cache guess still yields EAGLE3's tokens: worth curve(M) instead of 1. Threshold and
+reserve are calibrated together on validation replay (``hvd train``) under the EAGLE3
+curve, and stored in gate.json.
+
+Worked example (N = 16, reserve 3): a 20-token cache draft with predicted 5.2 > 1.5 ->
+L = min(20, 15 - 3) = 12, M = 3; a 4-token draft -> L = 4, M = 11; predicted 0.7 ->
+L = 0, M = 15 (EAGLE3's tree).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from .drafter.protocol import Draft
+from .features import TAIL_TOKENS, FeatureInput, RequestHistory
+from .verify import VerifyShape
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowPlan:
+    """One row's shape: ``cache_len`` cache tokens, ``eagle_nodes`` EAGLE3 nodes.
+
+    (0, N-1): the EAGLE3 tree; (L, 0): a cache chain; (L, M): two branches; (0, 0): a
+    plain step (no draft at all; replay's greedy and cache_only without a draft).
+    """
+
+    cache_len: int
+    eagle_nodes: int
+
+    @property
+    def kind(self) -> str:
+        if self.cache_len:
+            return CACHE
+        return EAGLE3 if self.eagle_nodes else GREEDY
+
+
+CACHE, EAGLE3, GREEDY = "cache", "eagle3", "greedy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecisionRule:
+    threshold: float = 1.0  # verify a cache row when the predicted accept_len > threshold
+    eagle_reserve: int = 0  # EAGLE3 nodes kept beside a cache draft (topk > 1 shapes)
+
+    def __post_init__(self):
+        if self.eagle_reserve < 0:
+            raise ValueError(f"eagle_reserve must be >= 0, got {self.eagle_reserve}")
+
+    def to_json(self) -> dict:
+        return {"threshold": self.threshold, "eagle_reserve": self.eagle_reserve}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowPlans:
+    """The decision for a batch, row-aligned with the request ids passed to ``decide``."""
+
+    cache_lens: np.ndarray  # [B] int32 cache tokens the row verifies (0: no cache branch)
+    eagle_nodes: np.ndarray  # [B] int32 EAGLE3 nodes the row keeps (N-1: untouched)
+    cache_tokens: np.ndarray  # [B, N-1] int32 the cache drafts, -1 padded
+    predicted: np.ndarray  # [B] float32 the gate's accept_len (nan: no draft or no verdict)
+    gate_error: Exception | None = None  # the gate failed; every row verifies EAGLE3's tree
+
+    def plan(self, i: int) -> RowPlan:
+        return RowPlan(int(self.cache_lens[i]), int(self.eagle_nodes[i]))
+
+    @property
+    def use_cache(self) -> np.ndarray:
+        return self.cache_lens > 0
+
+
+class RequestState:
+    """What the decision knows of one request between steps: prompt length, output
+    position, the last TAIL_TOKENS context tokens and the history of its cache drafts.
+
+    ``observe(tokens)`` with every token the request emits; ``record(tokens)`` with each
+    cache draft judged (before its verify)."""
+
+    __slots__ = ("num_prompt_tokens", "pos", "tail", "history")
+
+    def __init__(self, prompt_ids: Sequence[int] | np.ndarray):
+        self.num_prompt_tokens = len(prompt_ids)
+        self.pos = 0  # output tokens observed
+        self.tail = collections.deque((int(t) for t in prompt_ids[-TAIL_TOKENS:]), maxlen=TAIL_TOKENS)
+        self.history = RequestHistory()
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        if len(tokens):
+            self.pos += len(tokens)
+            self.tail.extend(tokens)
+            self.history.observe(tokens)
+
+    def record(self, draft_tokens: tuple[int, ...]) -> None:
+        self.history.record(self.pos, draft_tokens)
+
+    def feature_input(self, draft: Draft) -> FeatureInput:
+        """This state as one Draft-object feature row (training and benchmarks; the
+        serving path builds the same features from arrays, ``feature_rows``)."""
+        return FeatureInput(draft, self.pos, self.num_prompt_tokens, tuple(self.tail), self.history.scalars())
+
+
+def feature_rows(extractor, drafts: dict[str, np.ndarray], states: Sequence[RequestState]) -> np.ndarray:
+    """``[B, len(FEATURE_NAMES)]`` features of the rows' cache drafts in their states
+    (taken before the drafts are recorded into the histories)."""
+    b = len(states)
+    pos = np.fromiter((s.pos for s in states), dtype=np.float64, count=b)
+    prompt = np.fromiter((s.num_prompt_tokens for s in states), dtype=np.float64, count=b)
+    hist = np.array([s.history.scalars() for s in states], dtype=np.float32).reshape(b, -1)
+    tails = np.full((b, TAIL_TOKENS), -1, dtype=np.int64)
+    tail_lens = np.zeros(b, dtype=np.int64)
+    for i, s in enumerate(states):
+        tail_lens[i] = len(s.tail)
+        tails[i, : len(s.tail)] = s.tail
+    return extractor.from_arrays(drafts, pos, prompt, hist, tails, tail_lens)
+
+
+def gate_predictions(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState]) -> np.ndarray:
+    """The gate's predicted accept_len per row ``[B]`` float32 (raises on a bad gate)."""
+    b = len(states)
+    pred = np.asarray(gate.predict(feature_rows(gate.extractor, drafts, states)), dtype=np.float32)
+    if pred.shape != (b,) or not np.all(np.isfinite(pred)):
+        raise ValueError(f"gate returned shape {pred.shape} / non-finite values for a batch of {b}")
+    return pred
+
+
+def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape, eagle_reserve: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cache tokens and EAGLE3 nodes per row for the rows that ``use`` their cache draft."""
+    n = shape.draft_nodes
+    reserve = min(eagle_reserve, n - 1) if shape.allows_branches else 0
+    cache = np.where(use, np.minimum(draft_lens, n - reserve), 0).astype(np.int32)
+    if shape.allows_branches:
+        eagle = (n - cache).astype(np.int32)
+    else:  # topk 1: a cache row is the chain alone
+        eagle = np.where(cache > 0, 0, n).astype(np.int32)
+    return cache, eagle
+
+
+def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], shape: VerifyShape,
+           rule: DecisionRule, fallback: bool = False) -> RowPlans:
+    """The row plans of a batch. ``drafts``: a drafter's ``speculate_arrays`` output for
+    the rows (protocol.drafts_to_arrays); ``states``: the rows' RequestStates, whose
+    histories this records every non-empty draft into (judged or not).
+
+    A gate that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
+    and the error is returned in ``gate_error``; without it (replay, training) it
+    propagates."""
+    lens = drafts["lengths"].astype(np.int32)
+    b = len(lens)
+    predicted = np.full(b, np.nan, dtype=np.float32)
+    use = np.zeros(b, dtype=bool)
+    judged = lens > 0
+    error = None
+    if gate is not None and judged.any():
+        try:
+            pred = gate_predictions(gate, drafts, states)
+        except Exception as e:  # onnxruntime raises its own types; a failed gate must not stop a server
+            if not fallback:
+                raise
+            error = e
+        else:
+            predicted = np.where(judged, pred, np.nan).astype(np.float32)
+            use = judged & (pred > rule.threshold)
+    for i, s in enumerate(states):
+        n = int(lens[i])
+        if n:
+            s.record(tuple(drafts["tokens"][i, :n].tolist()))
+    cache, eagle = plan_rows(use, lens, shape, rule.eagle_reserve)
+    width = shape.draft_nodes
+    tokens = np.full((b, width), -1, dtype=np.int32)
+    w = min(width, drafts["tokens"].shape[1])
+    tokens[:, :w] = drafts["tokens"][:, :w]
+    return RowPlans(cache, eagle, tokens, predicted, error)
+
+
+def no_decision(b: int, shape: VerifyShape) -> RowPlans:
+    """Every row verifies EAGLE3's tree (a step whose decision failed)."""
+    return RowPlans(np.zeros(b, np.int32), np.full(b, shape.draft_nodes, np.int32),
+                    np.full((b, shape.draft_nodes), -1, np.int32), np.full(b, np.nan, np.float32))

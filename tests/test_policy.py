@@ -1,0 +1,80 @@
+"""The one decision (sglang_hvd/policy.py): row plans from drafts, gate and verify shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sglang_hvd.drafter import DrafterConfig
+from sglang_hvd.drafter.protocol import Draft, drafts_to_arrays
+from sglang_hvd.features import FeatureExtractor
+from sglang_hvd.policy import DecisionRule, RequestState, RowPlan, decide, plan_rows
+from sglang_hvd.verify import VerifyShape
+
+
+class ListGate:
+    """Predicts the given accept lengths, one per row with a draft (in row order)."""
+
+    def __init__(self, values):
+        self.extractor = FeatureExtractor(np.zeros(100, np.uint16), DrafterConfig())
+        self.values = list(values)
+        self.batches = []
+
+    def predict(self, x):
+        self.batches.append(len(x))
+        return np.array(self.values[: len(x)], dtype=np.float32)
+
+
+def drafts(*token_lists):
+    return drafts_to_arrays([Draft(tokens=tuple(t), probs=(1.0,) * len(t), child_counts=(1,) * len(t), score=len(t),
+                                   match_len=len(t), match_count=2, tree="local" if t else "") for t in token_lists], 20)
+
+
+def test_rows_take_eagle3_a_chain_or_two_branches():
+    shape = VerifyShape(4, 3, 16)
+    states = [RequestState([1, 2, 3]) for _ in range(4)]
+    gate = ListGate([0.0, 5.2, 5.2, 0.7])
+    long, short = list(range(20, 40)), [7, 8, 9, 10]
+    plans = decide(gate, drafts([], long, short, long), states, shape, DecisionRule(threshold=1.5, eagle_reserve=3))
+    assert [plans.plan(i) for i in range(4)] == [
+        RowPlan(0, 15),   # no cache draft: EAGLE3's tree
+        RowPlan(12, 3),   # a long draft: cut to 15 - 3 tokens, EAGLE3 keeps its first 3 nodes
+        RowPlan(4, 11),   # a short draft leaves EAGLE3 more
+        RowPlan(0, 15),   # predicted 0.7 <= 1.5: EAGLE3
+    ]
+    assert gate.batches == [4]  # one gate call for the batch
+    assert np.isnan(plans.predicted[0]) and plans.predicted[1] == pytest.approx(5.2)
+    assert plans.cache_tokens.shape == (4, 15) and plans.cache_tokens[2, :5].tolist() == [7, 8, 9, 10, -1]
+    # Every non-empty draft entered its request's history, judged or not.
+    assert [len(s.history._recent) for s in states] == [0, 1, 1, 1]
+
+
+def test_topk1_rows_are_chains_and_reserves_never_empty_the_cache_branch():
+    cache, eagle = plan_rows(np.array([True, False]), np.array([9, 9]), VerifyShape(1, 3, 4), eagle_reserve=3)
+    assert cache.tolist() == [3, 0] and eagle.tolist() == [0, 3]
+    cache, eagle = plan_rows(np.array([True]), np.array([9]), VerifyShape(2, 3, 8), eagle_reserve=20)
+    assert cache.tolist() == [1] and eagle.tolist() == [6]  # a reserve of N-1 or more still leaves one cache token
+
+
+def test_a_failing_gate_falls_back_only_when_asked():
+    class Broken(ListGate):
+        def predict(self, x):
+            raise RuntimeError("boom")
+
+    shape = VerifyShape(2, 3, 8)
+    states = [RequestState([1]), RequestState([1])]
+    plans = decide(Broken([]), drafts([5, 6], []), states, shape, DecisionRule(), fallback=True)
+    assert isinstance(plans.gate_error, RuntimeError)
+    assert [plans.plan(i) for i in range(2)] == [RowPlan(0, 7), RowPlan(0, 7)]
+    assert len(states[0].history._recent) == 1  # the history still saw the draft
+    with pytest.raises(RuntimeError, match="boom"):
+        decide(Broken([]), drafts([5, 6]), [RequestState([1])], shape, DecisionRule())
+
+
+def test_request_state_keeps_the_tail_and_the_position():
+    s = RequestState(list(range(20)))
+    assert (s.num_prompt_tokens, s.pos, list(s.tail)) == (20, 0, list(range(12, 20)))
+    s.observe([100, 101])
+    assert s.pos == 2 and list(s.tail) == [14, 15, 16, 17, 18, 19, 100, 101]
+    with pytest.raises(ValueError, match="draft recorded at position 1, but 2 tokens were observed"):
+        s.history.record(1, (5,))
