@@ -30,9 +30,10 @@ class Gate:
     """Predicts accept_len for a batch of feature rows with one onnxruntime call.
 
     ``spec`` (GateSpec) says what it was trained for; ``rule`` is the decision rule it
-    serves with (the spec's, or ``threshold`` when given)."""
+    serves with (the spec's, with ``threshold`` / ``eagle_reserve`` when given)."""
 
-    def __init__(self, gate_dir: str, threshold: float | None = None, intra_op_threads: int = 1):
+    def __init__(self, gate_dir: str, threshold: float | None = None, intra_op_threads: int = 1,
+                 eagle_reserve: int | None = None):
         spec = GateSpec.read(gate_dir)
         flags_path = os.path.join(gate_dir, "token_flags.npy")
         try:
@@ -40,6 +41,8 @@ class Gate:
         except (ValueError, OSError) as e:
             raise GateError(f"{flags_path}: unreadable ({e})") from e
         self._setup(spec, token_flags, os.path.join(gate_dir, "gate.onnx"), gate_dir, threshold, intra_op_threads)
+        if eagle_reserve is not None:
+            self.rule = DecisionRule(self.rule.threshold, eagle_reserve)
 
     @classmethod
     def in_memory(cls, spec: GateSpec, token_flags: np.ndarray, model: bytes, threshold: float | None = None) -> Gate:

@@ -143,10 +143,12 @@ def gate_predictions(gate, drafts: dict[str, np.ndarray], states: Sequence[Reque
     return pred
 
 
-def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape, eagle_reserve: int) -> tuple[np.ndarray, np.ndarray]:
-    """Cache tokens and EAGLE3 nodes per row for the rows that ``use`` their cache draft."""
+def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
+              eagle_reserve: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cache tokens and EAGLE3 nodes per row for the rows that ``use`` their cache draft
+    (``eagle_reserve``: one for all rows, or one per row)."""
     n = shape.draft_nodes
-    reserve = min(eagle_reserve, n - 1) if shape.allows_branches else 0
+    reserve = np.minimum(eagle_reserve, n - 1) if shape.allows_branches else 0
     cache = np.where(use, np.minimum(draft_lens, n - reserve), 0).astype(np.int32)
     if shape.allows_branches:
         eagle = (n - cache).astype(np.int32)
@@ -156,16 +158,23 @@ def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape, eagle
 
 
 def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], shape: VerifyShape,
-           rule: DecisionRule, fallback: bool = False) -> RowPlans:
+           rule: DecisionRule | Sequence[DecisionRule], fallback: bool = False) -> RowPlans:
     """The row plans of a batch. ``drafts``: a drafter's ``speculate_arrays`` output for
     the rows (protocol.drafts_to_arrays); ``states``: the rows' RequestStates, whose
-    histories this records every non-empty draft into (judged or not).
+    histories this records every non-empty draft into (judged or not); ``rule``: one
+    for the batch (the server), or one per row (replay deciding for several policies at
+    once).
 
     A gate that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
     and the error is returned in ``gate_error``; without it (replay, training) it
     propagates."""
     lens = drafts["lengths"].astype(np.int32)
     b = len(lens)
+    if isinstance(rule, DecisionRule):
+        threshold, reserve = rule.threshold, rule.eagle_reserve
+    else:
+        threshold = np.array([r.threshold for r in rule], dtype=np.float64)
+        reserve = np.array([r.eagle_reserve for r in rule], dtype=np.int32)
     predicted = np.full(b, np.nan, dtype=np.float32)
     use = np.zeros(b, dtype=bool)
     judged = lens > 0
@@ -179,12 +188,12 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
             error = e
         else:
             predicted = np.where(judged, pred, np.nan).astype(np.float32)
-            use = judged & (pred > rule.threshold)
+            use = judged & (pred.astype(np.float64) > np.asarray(threshold, dtype=np.float64))
     for i, s in enumerate(states):
         n = int(lens[i])
         if n:
             s.record(tuple(drafts["tokens"][i, :n].tolist()))
-    cache, eagle = plan_rows(use, lens, shape, rule.eagle_reserve)
+    cache, eagle = plan_rows(use, lens, shape, reserve)
     width = shape.draft_nodes
     tokens = np.full((b, width), -1, dtype=np.int32)
     w = min(width, drafts["tokens"].shape[1])

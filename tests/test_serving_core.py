@@ -22,10 +22,11 @@ from sglang_hvd.verify import Eagle3Stream, VerifyShape
 
 
 def test_config_round_trips_through_the_environment():
-    cfg = HVDServingConfig(enable=True, gate="/g", threshold=1.5, drafter="python",
+    cfg = HVDServingConfig(enable=True, gate="/g", threshold=1.5, eagle_reserve=3, drafter="python",
                            drafter_overrides=(("max_depth", 32), ("min_token_prob", 0.2)), record_traces="/t.jsonl")
     env = cfg.to_env()
     assert env["SGLANG_HVD_ENABLE"] == "1" and env["SGLANG_HVD_GATE"] == "/g" and env["SGLANG_HVD_MAX_DEPTH"] == "32"
+    assert env["SGLANG_HVD_EAGLE_RESERVE"] == "3"
     assert HVDServingConfig.from_env(env) == cfg
     assert cfg.drafter_config(DrafterConfig()).max_depth == 32
     assert HVDServingConfig.from_env({}) == HVDServingConfig()  # nothing set: HVD off
@@ -36,6 +37,7 @@ def test_config_round_trips_through_the_environment():
     ({"SGLANG_HVD_ENABLE": "yes"}, "SGLANG_HVD_ENABLE must be 0 or 1, got 'yes'"),
     ({"SGLANG_HVD_THRESHOLD": "high"}, "SGLANG_HVD_THRESHOLD='high' is not a valid float"),
     ({"SGLANG_HVD_MAX_DEPTH": "1.5"}, "SGLANG_HVD_MAX_DEPTH='1.5' is not a valid int"),
+    ({"SGLANG_HVD_EAGLE_RESERVE": "-1"}, "SGLANG_HVD_EAGLE_RESERVE must be >= 0, got -1"),
 ])
 def test_bad_environment_is_named(env, message):
     with pytest.raises(HvdInputError, match=message):

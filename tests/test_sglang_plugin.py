@@ -5,6 +5,7 @@ Needs the sglang extra; every test here is skipped without it.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import types
@@ -55,9 +56,11 @@ def test_plugin_is_found_through_the_entry_point_in_a_spawned_child(demo_dir, en
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--speculative-eagle-topk", "2"], "pass --speculative-eagle-topk 1"),
+    (["--speculative-eagle-topk", "2", "--attention-backend", "trtllm_mha"],
+     "--attention-backend trtllm_mha verifies chains only, but --speculative-eagle-topk 2 makes tree rows"),
     (["--pp-size", "2"], "does not support pipeline parallelism"),
     (["--speculative-use-rejection-sampling"], "drop --speculative-use-rejection-sampling"),
+    (["--speculative-adaptive"], "drop --speculative-adaptive"),
 ])
 def test_unsupported_setups_are_refused(extra, message):
     from sglang_hvd.patches.checks import UnsupportedSetup, check_server_args
@@ -83,8 +86,23 @@ def test_untested_sglang_versions_are_refused_unless_allowed(monkeypatch):
     assert checks.check_sglang_version(HVDServingConfig(allow_sglang_version="0.6.0")) == "0.6.0"
 
 
+TREE_SHAPE = ["--speculative-eagle-topk", "4", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "16"]
+
+
+def test_the_verify_shape_comes_from_the_three_flags():
+    from sglang_hvd.patches.checks import UnsupportedSetup, served_shape
+    from sglang_hvd.verify import VerifyShape
+
+    assert served_shape(_server_args(TREE_SHAPE)) == VerifyShape(4, 3, 16)
+    with pytest.raises(UnsupportedSetup, match="pass --speculative-num-steps, --speculative-num-draft-tokens"):
+        served_shape(_server_args())
+    with pytest.raises(UnsupportedSetup, match="nodes - 1 = 15 exceeds what EAGLE3 drafts at topk 2, 3 steps"):
+        served_shape(_server_args(["--speculative-eagle-topk", "2", "--speculative-num-steps", "3",
+                                   "--speculative-num-draft-tokens", "16"]))
+
+
 def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
-    from sglang_hvd import launch_server
+    from sglang_hvd.patches import launch as launch_server
 
     args, rest = launch_server.build_parser().parse_known_args(
         ["--model-path", "m", "--hvd-gate", "g", "--hvd-threshold", "2.5", "--tp-size", "1", "--hvd-max-depth", "32"])
@@ -95,6 +113,14 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
     assert "gate directory not found" in capsys.readouterr().err
     assert launch_server.main(BASE_ARGS[:-1] + ["--hvd-gate", os.path.join(demo_dir, "gate")]) == 2
     assert "pass --disable-overlap-schedule" in capsys.readouterr().err
+    # The demo gate was trained for topk 4, 3 steps, 16 nodes: a topk-1 server is refused.
+    chain = ["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    assert launch_server.main(BASE_ARGS + chain + ["--hvd-gate", os.path.join(demo_dir, "gate")]) == 2
+    err = capsys.readouterr().err
+    assert "was trained for verify rows of topk 4, steps 3, 16 nodes, but this server verifies topk 1, steps 3, 4 nodes" in err
+    assert "serve with --speculative-eagle-topk 4 --speculative-num-steps 3 --speculative-num-draft-tokens 16" in err
+    assert launch_server.main(BASE_ARGS + ["--hvd-gate", os.path.join(demo_dir, "gate")]) == 2
+    assert "HVD needs the verify shape its gate was trained for: pass --speculative-num-steps" in capsys.readouterr().err
     # A refused launch leaves the caller's environment alone (no HVD switched on for later servers).
     assert not any(k.startswith("SGLANG_HVD_") for k in os.environ)
 
@@ -102,11 +128,12 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
 def test_launcher_refuses_a_gate_trained_on_another_tokenizer(demo_dir, qwen_dir, tmp_path, capsys):
     import shutil
 
-    from sglang_hvd import launch_server
+    from sglang_hvd.patches import launch as launch_server
 
     model = tmp_path / "model"
     shutil.copytree(qwen_dir, model)
-    argv = ["--model-path", str(model)] + BASE_ARGS[2:] + ["--hvd-gate", os.path.join(demo_dir, "gate")]
+    argv = ["--model-path", str(model), "--speculative-algorithm", "EAGLE3", "--disable-overlap-schedule", *TREE_SHAPE,
+            "--hvd-gate", os.path.join(demo_dir, "gate")]
     assert launch_server.main(argv) == 2
     err = capsys.readouterr().err
     assert "the gate was trained on tokenizer hvd-synth-bpe@" in err and "train a gate on traces of this model" in err
@@ -124,16 +151,14 @@ def _verify_input(draft_token, bs, n):
         seq_lens_sum=30, seq_lens_cpu=torch.tensor([10, 10, 10]))
 
 
-def test_row_substitution_on_a_real_verify_input():
-    from sglang_hvd.patches.rows import substitute_rows
+def test_chain_substitution_on_a_real_verify_input():
+    from sglang_hvd.patches.rows import pack_plans, substitute_chains
 
     n, bs = 4, 3
     vi = _verify_input(torch.tensor([5, 11, 12, 13, 6, 21, 22, 23, 7, 31, 32, 33]), bs, n)
     positions = vi.positions.clone()
-    taken = substitute_rows(vi.draft_token, n,
-                            use_cache=np.array([True, False, True]),
-                            cache_tokens=np.array([[40, 41, 42], [50, 51, 52], [60, -1, -1]]),
-                            cache_lens=np.array([3, 3, 1]))
+    packed = pack_plans(np.array([3, 0, 1]), np.array([0, 3, 0]), np.array([[40, 41, 42], [50, 51, 52], [60, -1, -1]]))
+    taken = substitute_chains(vi.draft_token, n, packed)
     # Row 0: full cache draft; row 1: EAGLE3 kept; row 2: a one-token cache draft, the rest
     # of its EAGLE3 row stays (the verify rejects it if wrong: lossless).
     assert taken == 2
@@ -149,80 +174,135 @@ class FakeReq:
         return self._done
 
 
-def _bare_worker(demo_dir, tmp_path):
-    """A worker built as SGLang's CPU tests build theirs: object.__new__ + attributes."""
+def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
+    """A worker built as SGLang's CPU tests build theirs: object.__new__ + attributes (a
+    topk-1 worker unless ``shape`` says otherwise; the demo gate's decisions at it)."""
+    from sglang_hvd.drafter import create_drafter
+    from sglang_hvd.gate import Gate
+    from sglang_hvd.patches.rows import Staging
     from sglang_hvd.patches.worker import HVDEagleWorkerV2
     from sglang_hvd.serving.config import HVDServingConfig
-    from sglang_hvd.serving.factory import build_stepper
+    from sglang_hvd.serving.recorder import TraceRecorder
+    from sglang_hvd.serving.stepper import HVDStepper
+    from sglang_hvd.verify import VerifyShape
 
+    shape = shape or VerifyShape(1, 3, 4)
     w = object.__new__(HVDEagleWorkerV2)
     w.adaptive_controller = None
+    w.topk, w.speculative_num_steps, w.speculative_num_draft_tokens = shape.topk, shape.steps, shape.nodes
+    w.device = "cpu"
     w.hvd_config = HVDServingConfig(enable=True, gate=os.path.join(demo_dir, "gate"), drafter="python",
-                                    record_traces=str(tmp_path / "served.jsonl"))
-    w.hvd = build_stepper(w.hvd_config)
-    w._hvd_tp_size, w._hvd_tp_rank, w._hvd_tp_group = 1, 0, None
+                                    record_traces=str(tmp_path / f"served{rank}.jsonl"))
+    w.hvd_shape = shape
+    gate = Gate(w.hvd_config.gate)
+    w.hvd = HVDStepper(create_drafter("python", gate.drafter_config), gate, shape,
+                       recorder=TraceRecorder(w.hvd_config.record_traces), tokenizer=gate.spec.tokenizer) if rank == 0 else None
+    w._hvd_tp_size, w._hvd_tp_rank, w._hvd_tp_group = tp_size, rank, group
     w._hvd_reqs, w._hvd_pending, w._hvd_errors, w._hvd_error_logged, w.hvd_step_us = {}, None, 0, False, 0.0
     w._hvd_last_log = 0.0
     w._hvd_metrics = None
+    w._hvd_staging = Staging()
     return w
 
 
-def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path):
+@pytest.fixture
+def stock_verify(monkeypatch):
+    """SGLang's own verify replaced by a recorder: what did HVD hand it?"""
+    import sglang.srt.speculative.eagle_worker_v2 as ew
+
+    seen = []
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "verify",
+                        lambda self, batch, pp_proxy_tensors=None, grammar_barrier=None: seen.append(batch) or "verified")
+    return seen
+
+
+def _batch(reqs, vi):
+    return types.SimpleNamespace(reqs=reqs, spec_info=vi, forward_mode=types.SimpleNamespace(is_idle=lambda: False))
+
+
+def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify):
     w = _bare_worker(demo_dir, tmp_path)
+    w.hvd.rule = dataclasses.replace(w.hvd.rule, threshold=-1.0)  # every cache draft
     repeated = list(range(100, 140))
     # Request a repeats its own prompt (a good cache draft); b is new text (no draft).
     a, b = FakeReq("a", repeated + [7] + repeated[:5], []), FakeReq("b", [1, 2, 3], [])
     n = 4
     vi = _verify_input(torch.tensor([105, 900, 901, 902, 3, 910, 911, 912]), 2, n)
-    batch = types.SimpleNamespace(reqs=[a, b], spec_info=vi, forward_mode=types.SimpleNamespace(is_idle=lambda: False))
-    w._hvd_prepare(batch)
+    assert w.verify(_batch([a, b], vi)) == "verified"
     rows = vi.draft_token.view(2, n).tolist()
     assert rows[0][1:] == [105, 106, 107]  # the cache continues the repeated prompt
     assert rows[1] == [3, 910, 911, 912]  # no cache draft: EAGLE3's row untouched
     assert w.hvd.stats.steps == 1 and set(w._hvd_reqs) == {"a", "b"}
     w.on_verify_complete_cpu([3, 0], batch_size=2)
-    assert (w.hvd.stats.cache_rows, w.hvd.stats.cache_accepted, w.hvd.stats.eagle3_rows) == (1, 3, 1)
     # The server appends the accepted tokens + bonus; a finishes.
     a.output_ids += [105, 106, 107, 108]
     a._done = True
     w.note_request_finished(rid="a", natural_stop=True)
     assert "a" not in w.hvd and "b" in w.hvd
+    assert (w.hvd.stats.cache_rows, w.hvd.stats.cache_accepted) == (1, 3)
     # b finished without a decode result (e.g. at prefill): collected at the next step.
     b._done = True
     b.output_ids += [4]
     c = FakeReq("c", [9, 9], [])
-    vi2 = _verify_input(torch.tensor([9, 1, 2, 3]), 1, n)
-    w._hvd_prepare(types.SimpleNamespace(reqs=[c], spec_info=vi2, forward_mode=types.SimpleNamespace(is_idle=lambda: False)))
+    w.verify(_batch([c], _verify_input(torch.tensor([9, 1, 2, 3]), 1, n)))
     assert w.hvd.running() == ["c"]
     w.clear_cache_pool()
     assert w.hvd.running() == [] and w._hvd_reqs == {}
     stats = w.hvd_stats()
-    assert stats["step_errors"] == 0 and stats["steps"] == 2
+    assert stats["step_errors"] == 0 and stats["steps"] == 2 and stats["cache_pick_rate"] == 0.5  # a: cache, b: EAGLE3
     w.hvd.recorder.close()
     from sglang_hvd.trace import iter_traces
 
-    (rec,) = [r for r in iter_traces(str(tmp_path / "served.jsonl")) if r.req_id == "a"]
+    (rec,) = [r for r in iter_traces(str(tmp_path / "served0.jsonl")) if r.req_id == "a"]
     assert rec.output_ids.tolist() == [105, 106, 107, 108]
     assert [(s.pos, s.src, s.draft, s.accept_len) for s in rec.steps] == [(0, "cache", (105, 106, 107), 3)]
 
 
-def test_a_failing_step_verifies_eagle3_rows_and_is_counted(demo_dir, tmp_path, caplog):
+def test_a_failing_step_verifies_eagle3_rows_and_is_counted(demo_dir, tmp_path, caplog, stock_verify):
     w = _bare_worker(demo_dir, tmp_path)
 
     def broken(batch):
         raise RuntimeError("drafter exploded")
 
-    w._hvd_prepare = broken
-    import sglang.srt.speculative.eagle_worker_v2 as ew
-
-    original = ew.EAGLEWorkerV2.verify
-    ew.EAGLEWorkerV2.verify = lambda self, batch, pp_proxy_tensors=None, grammar_barrier=None: "verified"
-    try:
-        with caplog.at_level("ERROR"):
-            assert w.verify(types.SimpleNamespace()) == "verified"
-            assert w.verify(types.SimpleNamespace()) == "verified"
-    finally:
-        ew.EAGLEWorkerV2.verify = original
-    assert w.hvd_stats()["step_errors"] == 2
+    w._hvd_plan = broken
+    vi = _verify_input(torch.tensor([5, 11, 12, 13]), 1, 4)
+    with caplog.at_level("ERROR"):
+        assert w.verify(_batch([FakeReq("a", [1, 2], [])], vi)) == "verified"
+        assert w.verify(_batch([FakeReq("a", [1, 2], [])], vi)) == "verified"
+    assert w.hvd_stats()["step_errors"] == 2 and vi.draft_token.tolist() == [5, 11, 12, 13]
     assert caplog.text.count("HVD step failed (drafter exploded)") == 1
     w.hvd.recorder.close()
+
+
+class RecordingGroup:
+    """SGLang's GroupCoordinator.broadcast, for one process: rank 0 keeps what it sent;
+    another rank receives it."""
+
+    sent: list = []
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def broadcast(self, t, src=0):
+        if self.rank == 0:
+            RecordingGroup.sent.append(t.clone())
+        else:
+            t.copy_(RecordingGroup.sent.pop(0))
+
+
+def test_every_tp_rank_joins_the_broadcast_even_when_rank_0s_step_fails(demo_dir, tmp_path, stock_verify):
+    RecordingGroup.sent = []
+    lead = _bare_worker(demo_dir, tmp_path, rank=0, tp_size=2, group=RecordingGroup(0))
+    other = _bare_worker(demo_dir, tmp_path, rank=1, tp_size=2, group=RecordingGroup(1))
+
+    def broken(batch):
+        raise RuntimeError("drafter exploded")
+
+    lead._hvd_plan = broken
+    vi0 = _verify_input(torch.tensor([5, 11, 12, 13]), 1, 4)
+    vi1 = _verify_input(torch.tensor([5, 11, 12, 13]), 1, 4)
+    lead.verify(_batch([FakeReq("a", [1, 2], [])], vi0))
+    assert len(RecordingGroup.sent) == 1 and RecordingGroup.sent[0].tolist() == [[0, 3, -1, -1, -1]]  # EAGLE3 everywhere
+    other.verify(_batch([FakeReq("a", [1, 2], [])], vi1))
+    assert RecordingGroup.sent == [] and torch.equal(vi0.draft_token, vi1.draft_token)
+    lead.hvd.recorder.close()

@@ -12,8 +12,8 @@ serving  walk each policy as the decode loop would: at position p the policy cho
          for EAGLE3's); the next step starts there.
 
 A draft depends only on the tokens appended so far (not on how they were chunked), so
-in serving mode all policies walk one request together, in order of position, sharing a
-single drafter and drafting only where some policy that needs a draft stands. Requests
+in serving mode all policies walk one request together, sharing a single drafter's
+drafts at every position (one dense pass), and gate policies decide in batches. Requests
 run in trace order and the global tree persists across them. After each request the
 drafter's context must equal prompt + output: replay reconstructs the trace exactly.
 """
@@ -21,7 +21,6 @@ drafter's context must equal prompt + output: replay reconstructs the trace exac
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -94,44 +93,82 @@ def iter_dense(records: Iterable[TraceRecord], drafter: Drafter) -> Iterator[Den
         _finish(drafter, record, max(len(out) - 1, 0))
 
 
+def _dense_drafts(drafter: Drafter, record: TraceRecord, out: list[int]) -> tuple[list[Draft], list[int]]:
+    """The cache draft at every output position and its LCP with the recorded output."""
+    drafts, labels = [], []
+    for pos in range(len(out)):
+        if pos:
+            drafter.append(record.req_id, out[pos - 1 : pos])
+        draft = drafter.speculate(record.req_id)
+        drafts.append(draft)
+        labels.append(accept_len(draft.tokens, out, pos))
+    return drafts, labels
+
+
+def _decide_all(policies: Sequence[Policy], views: list[StepView]) -> list[RowPlan]:
+    """Each policy's plan for its view; policies sharing a ``batch_key`` decide in one
+    call of their class's ``decide_batch`` (the gate: one batched policy.decide)."""
+    plans: list[RowPlan | None] = [None] * len(views)
+    groups: dict[object, list[int]] = {}
+    for k, (policy, view) in enumerate(zip(policies, views)):
+        key = getattr(policy, "batch_key", None)
+        if key is None:
+            plans[k] = policy.decide(view)
+        else:
+            groups.setdefault(key, []).append(k)
+    for members in groups.values():
+        first = policies[members[0]]
+        for k, plan in zip(members, type(first).decide_batch([policies[k] for k in members], [views[k] for k in members])):
+            plans[k] = plan
+    return plans
+
+
 def iter_serving(
     records: Iterable[TraceRecord],
     drafter: Drafter,
     policies: Sequence[Policy],
     model: VerifyModel,
 ) -> Iterator[ServingStep]:
-    """Every verify step of every policy, request by request, positions ascending."""
+    """Every verify step of every policy, request by request.
+
+    Within a request the policies walk in waves: each active policy takes its next step
+    in every wave, so policies that batch (the gate) decide together, one gate call per
+    wave. Drafts come from a dense pass over the request (a draft depends only on the
+    position), so the policies may stand at any positions.
+    """
     shape = model.shape
+    drafting = any(p.needs_draft for p in policies)
     for record in records:
-        out = record.output_ids
-        out_list = out.tolist()
-        n = len(out)
+        out_list = record.output_ids.tolist()
+        n = len(out_list)
         drafter.start_request(record.req_id, record.prompt_ids)
+        drafts, labels = _dense_drafts(drafter, record, out_list) if drafting else ([], [])
         streams = [Eagle3Stream() for _ in policies]
         # Only policies that read the request's state (the gate) pay for keeping it.
         states = [RequestState(record.prompt_ids) if getattr(p, "needs_state", False) else None for p in policies]
-        heap = [(0, i) for i in range(len(policies))]
-        fed = 0
-        draft_pos, draft, full_label = -1, EMPTY_DRAFT, 0
-        while heap:
-            pos, i = heapq.heappop(heap)
-            policy = policies[i]
-            if policy.needs_draft and draft_pos != pos:
-                drafter.append(record.req_id, out_list[fed:pos])
-                fed = pos
-                draft = drafter.speculate(record.req_id)
-                draft_pos, full_label = pos, accept_len(draft.tokens, out_list, pos)
-            state = states[i]
-            label = model.cache_accept_len(full_label) if policy.needs_draft else 0
-            view = StepView(req_id=record.req_id, source=record.source, pos=pos, shape=shape,
-                            draft=draft if policy.needs_draft else EMPTY_DRAFT, state=state, oracle_accept_len=label)
-            plan = policy.decide(view)
-            if not isinstance(plan, RowPlan) or plan.cache_len + plan.eagle_nodes > shape.draft_nodes:
-                raise ValueError(f"policy {policy.name!r} returned {plan!r}; expected a RowPlan within {shape.draft_nodes} nodes")
-            out_len = min(model.out_len(plan, full_label if policy.needs_draft else 0, streams[i]), n - pos)
-            if state is not None:
-                state.observe(out_list[pos : pos + out_len])
-            yield ServingStep(record.req_id, record.source, policy.name, pos, plan, view.draft, label, out_len)
-            if pos + out_len < n:
-                heapq.heappush(heap, (pos + out_len, i))
-        _finish(drafter, record, fed)
+        position = [0] * len(policies)
+        active = list(range(len(policies))) if n else []
+        while active:
+            views = []
+            for i in active:
+                pos, needs = position[i], policies[i].needs_draft
+                views.append(StepView(req_id=record.req_id, source=record.source, pos=pos, shape=shape,
+                                      draft=drafts[pos] if needs else EMPTY_DRAFT, state=states[i],
+                                      oracle_accept_len=model.cache_accept_len(labels[pos]) if needs else 0))
+            plans = _decide_all([policies[i] for i in active], views)
+            still = []
+            for i, view, plan in zip(active, views, plans):
+                policy, pos = policies[i], view.pos
+                if not isinstance(plan, RowPlan) or plan.cache_len + plan.eagle_nodes > shape.draft_nodes:
+                    raise ValueError(f"policy {policy.name!r} returned {plan!r}; expected a RowPlan within "
+                                     f"{shape.draft_nodes} nodes")
+                out_len = min(model.out_len(plan, labels[pos] if policy.needs_draft else 0, streams[i]), n - pos)
+                if states[i] is not None:
+                    states[i].observe(out_list[pos : pos + out_len])
+                yield ServingStep(record.req_id, record.source, policy.name, pos, plan, view.draft,
+                                  view.oracle_accept_len, out_len)
+                position[i] = pos + out_len
+                if position[i] < n:
+                    still.append(i)
+            active = still
+        _finish(drafter, record, max(n - 1, 0) if drafting else 0)

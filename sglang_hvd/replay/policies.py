@@ -20,7 +20,7 @@ row between the cache draft and EAGLE3.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
 from ..drafter.protocol import Draft, drafts_to_arrays
@@ -116,7 +116,9 @@ class Oracle:
 
 
 class GatePolicy:
-    """HVD: the serving decision (policy.decide) on a batch of one row.
+    """HVD: the serving decision (policy.decide). Replay batches every GatePolicy of one
+    gate standing in a request (``batch_key``, ``decide_batch``): one gate call for all
+    of their rows, each row with its policy's rule.
 
     Keeps ``(source, predicted, true accept_len)`` of every draft it judged, for the
     gate's precision/recall report.
@@ -131,12 +133,21 @@ class GatePolicy:
         self.name = name
         self.judged: list[tuple[str, float, int]] = []
 
+    @property
+    def batch_key(self):
+        return ("gate", id(self.gate))
+
     def decide(self, view: StepView) -> RowPlan:
-        arrays = drafts_to_arrays([view.draft], max(len(view.draft.tokens), 1))
-        plans = decide(self.gate, arrays, [view.state], view.shape, self.rule)
-        if view.draft.tokens:
-            self.judged.append((view.source, float(plans.predicted[0]), view.oracle_accept_len))
-        return plans.plan(0)
+        return self.decide_batch([self], [view])[0]
+
+    @staticmethod
+    def decide_batch(policies: Sequence[GatePolicy], views: Sequence[StepView]) -> list[RowPlan]:
+        arrays = drafts_to_arrays([v.draft for v in views], max(max(len(v.draft.tokens) for v in views), 1))
+        plans = decide(policies[0].gate, arrays, [v.state for v in views], views[0].shape, [p.rule for p in policies])
+        for k, (policy, view) in enumerate(zip(policies, views)):
+            if view.draft.tokens:
+                policy.judged.append((view.source, float(plans.predicted[k]), view.oracle_accept_len))
+        return [plans.plan(k) for k in range(len(views))]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

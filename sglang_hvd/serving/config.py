@@ -7,6 +7,7 @@ variables; ``sglang serve`` and ``sgl.Engine`` users set them directly:
   SGLANG_HVD_ENABLE=1                 turn HVD on (else the plugin does nothing)
   SGLANG_HVD_GATE=DIR                 gate directory (hvd train); required when enabled
   SGLANG_HVD_THRESHOLD=T              override the gate's threshold
+  SGLANG_HVD_EAGLE_RESERVE=M          override the EAGLE3 nodes kept beside a cache draft (topk > 1)
   SGLANG_HVD_DRAFTER=native|python    cache drafter implementation (default: fastest built)
   SGLANG_HVD_MAX_DEPTH, _MAX_SPEC_TOKENS, _MAX_SPEC_FACTOR, _MAX_SPEC_OFFSET,
   _MIN_TOKEN_PROB, _GLOBAL_MAX_TOKENS  drafter settings (default: the gate's own)
@@ -34,6 +35,7 @@ class HVDServingConfig:
     enable: bool = False
     gate: str | None = None
     threshold: float | None = None
+    eagle_reserve: int | None = None
     drafter: str | None = None  # None: the fastest built
     drafter_overrides: tuple[tuple[str, float], ...] = ()  # DrafterConfig fields set explicitly
     record_traces: str | None = None
@@ -45,6 +47,8 @@ class HVDServingConfig:
             raise HvdInputError(f"{PREFIX}ENABLE=1 needs a gate: set {PREFIX}GATE=DIR (or --hvd-gate DIR)")
         if self.record_queue < 1:
             raise HvdInputError(f"{PREFIX}RECORD_QUEUE must be >= 1, got {self.record_queue}")
+        if self.eagle_reserve is not None and self.eagle_reserve < 0:
+            raise HvdInputError(f"{PREFIX}EAGLE_RESERVE must be >= 0, got {self.eagle_reserve}")
 
     def drafter_config(self, base: DrafterConfig) -> DrafterConfig:
         """The gate's drafter settings with any explicit overrides applied."""
@@ -55,7 +59,8 @@ class HVDServingConfig:
 
     def to_env(self) -> dict[str, str]:
         env = {f"{PREFIX}ENABLE": "1" if self.enable else "0"}
-        for key, value in (("GATE", self.gate), ("THRESHOLD", self.threshold), ("DRAFTER", self.drafter),
+        for key, value in (("GATE", self.gate), ("THRESHOLD", self.threshold), ("EAGLE_RESERVE", self.eagle_reserve),
+                           ("DRAFTER", self.drafter),
                            ("RECORD_TRACES", self.record_traces), ("ALLOW_SGLANG_VERSION", self.allow_sglang_version)):
             if value is not None:
                 env[PREFIX + key] = str(value)
@@ -95,6 +100,7 @@ class HVDServingConfig:
             enable=enable == "1",
             gate=get("GATE"),
             threshold=number("THRESHOLD", float),
+            eagle_reserve=number("EAGLE_RESERVE", int),
             drafter=get("DRAFTER"),
             drafter_overrides=tuple(overrides),
             record_traces=get("RECORD_TRACES"),

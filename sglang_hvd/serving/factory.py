@@ -14,7 +14,7 @@ from .stepper import HVDStepper
 
 def load_gate(config: HVDServingConfig) -> Gate:
     """The configured gate, fully checked (raises GateError with the reason)."""
-    return Gate(config.gate, threshold=config.threshold)
+    return Gate(config.gate, threshold=config.threshold, eagle_reserve=config.eagle_reserve)
 
 
 def check_shape(gate: Gate, served: VerifyShape) -> None:

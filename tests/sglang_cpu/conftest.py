@@ -71,3 +71,41 @@ def sglang_server_factory(sglang_cpu_log_dir):
     factory = ServerFactory(sglang_cpu_log_dir)
     yield factory
     factory.stop_all()
+
+
+class GateFactory:
+    """``gates(topk, steps, nodes)``: a real gate for the Qwen3 tokenizer and that verify
+    shape (synthetic sessions tokenized with it, trained briefly), made once per session."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.made: dict[tuple[int, int, int], str] = {}
+
+    def __call__(self, topk: int, steps: int, nodes: int) -> str:
+        import subprocess
+
+        from .tiny_models import qwen_tokenizer_dir
+
+        key = (topk, steps, nodes)
+        if key in self.made:
+            return self.made[key]
+        d = os.path.join(self.root, f"gate_{topk}_{steps}_{nodes}")
+        tok = qwen_tokenizer_dir()
+        data = os.path.join(self.root, "data")
+        steps_run = [] if os.path.isfile(os.path.join(data, "t.jsonl")) else [
+            ["synth", "-o", data, "--sessions", "24", "--seed", "5"],
+            ["import", os.path.join(data, "conversations.jsonl"), "--tokenizer", tok, "-o", os.path.join(data, "t.jsonl")]]
+        steps_run.append(["train", os.path.join(data, "t.jsonl"), "--tokenizer", tok, "-o", d, "--epochs", "4",
+                          "--verify-topk", str(topk), "--verify-steps", str(steps), "--verify-nodes", str(nodes),
+                          "--gate-thresholds", "0,1,2", "--rule-thresholds", "1"])
+        for cmd in steps_run:
+            done = subprocess.run([harness.SGLANG_PYTHON, "-m", "sglang_hvd.cli.main", *cmd], capture_output=True,
+                                  text=True, cwd=harness.REPO, timeout=900)
+            assert done.returncode == 0, done.stderr[-2000:]
+        self.made[key] = d
+        return d
+
+
+@pytest.fixture(scope="session")
+def qwen_gates(tmp_path_factory, sglang_cpu_models) -> GateFactory:
+    return GateFactory(str(tmp_path_factory.mktemp("qwen_gates")))

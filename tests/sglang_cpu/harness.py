@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 SITE_DIR = os.path.join(HERE, "site")
 STUBS_DIR = os.path.join(HERE, "stubs")
 SGLANG_PYTHON = os.environ.get("HVD_SGLANG_PYTHON", sys.executable)  # the venv running the tests

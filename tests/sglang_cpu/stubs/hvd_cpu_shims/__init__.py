@@ -11,7 +11,10 @@ Python process (SGLang spawns its scheduler and detokenizer with ``spawn``) when
   post-import hook (so nothing of SGLang is imported early):
   ``sglang.srt.layers.attention.torch_native_backend`` (TARGET_VERIFY) and
   ``sglang.srt.speculative.draft_utils`` (torch_native draft backends); see
-  ``attention.py``.
+  ``attention.py``;
+* with ``HVD_TEST_TREE_MASK_MODE=full`` also ``sglang.srt.speculative.eagle_worker_v2``:
+  its EAGLE trees are built with the FULL_MASK layout (what GPU attention backends
+  read) instead of the CPU's QLEN_ONLY, so HVD's row rewriter is tested on both.
 
 ``contract.py`` lists every private SGLang symbol these shims rely on; the patches
 check it first and raise ``ShimContractError`` naming what changed.
@@ -24,6 +27,7 @@ import os
 import sys
 
 ENV_FLAG = "HVD_TEST_SGLANG_CPU"
+MASK_MODE_FLAG = "HVD_TEST_TREE_MASK_MODE"  # "full": FULL_MASK trees on the CPU
 STUBS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _installed = False
@@ -37,11 +41,21 @@ PATCHED_MODULES = {
 }
 
 
+def _patched_modules() -> dict[str, str]:
+    names = dict(PATCHED_MODULES)
+    mode = os.environ.get(MASK_MODE_FLAG, "")
+    if mode == "full":
+        names["sglang.srt.speculative.eagle_worker_v2"] = "force_full_tree_mask"
+    elif mode:
+        raise ValueError(f"{MASK_MODE_FLAG}={mode!r}: only 'full' is known")
+    return names
+
+
 def _apply(name: str, module) -> None:
     from . import attention, contract
 
     contract.check_module(name, module)  # raises ShimContractError, naming the symbol
-    getattr(attention, PATCHED_MODULES[name])(module)
+    getattr(attention, _patched_modules()[name])(module)
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -89,7 +103,7 @@ def install() -> None:
     stale = sys.modules.get("sgl_kernel")
     if stale is not None and not getattr(stale, "HVD_CPU_TEST_STUB", False):
         raise RuntimeError("hvd_cpu_shims.install(): the real sgl_kernel was imported before the stub could be installed")
-    names = list(PATCHED_MODULES)
+    names = list(_patched_modules())
     for name in names:
         if name in sys.modules:  # imported before us (not the sitecustomize path)
             _apply(name, sys.modules[name])

@@ -239,3 +239,12 @@ def patch_draft_backend_factory(module) -> None:
 
     setattr(_create_backend, PATCH_MARK, True)
     cls._create_backend = _create_backend
+
+
+def force_full_tree_mask(module) -> None:
+    """EAGLE's draft workers build the verify tree mask in the layout
+    ``default_tree_mask_mode()`` names (QLEN_ONLY on the CPU): make it FULL_MASK, the
+    GPU layout (``target_verify_extend`` reads both)."""
+    from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
+
+    module.default_tree_mask_mode = lambda: TreeMaskMode.FULL_MASK

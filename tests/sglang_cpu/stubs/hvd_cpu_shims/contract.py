@@ -73,6 +73,9 @@ SOURCE_FACTS: list[tuple[str, str]] = [
     ("sglang.srt.speculative.draft_utils", '"intel_amx": self._create_intel_amx_decode_backend,'),
     # the draft-decode out_cache_loc layout the multi-step backend mirrors: [bs, topk, steps]
     ("sglang.srt.speculative.eagle_utils", "out_cache_loc.view(batch_size, topk, num_steps)"),
+    # HVD_TEST_TREE_MASK_MODE=full rebinds this name in the EAGLE worker module
+    ("sglang.srt.speculative.eagle_worker_v2", "    _eagle_prefill_tail_tokens,\n    default_tree_mask_mode,"),
+    ("sglang.srt.speculative.eagle_worker_v2", "self.tree_mask_mode = default_tree_mask_mode()"),
     # the torch_native backend keeps these pool references
     ("sglang.srt.layers.attention.torch_native_backend", "self.req_to_token_pool = model_runner.req_to_token_pool"),
     ("sglang.srt.layers.attention.torch_native_backend", "self.token_to_kv_pool = model_runner.token_to_kv_pool"),
