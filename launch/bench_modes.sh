@@ -9,7 +9,8 @@
 # `hvd collect` (temperature 0) and prints wall time, output tokens/s and SGLang's mean
 # accept length with HVD's cache pick rate from /server_info:
 #   eagle3      --hvd-disable (plain SGLang EAGLE3)
-#   cache_only  --hvd-threshold -1 (every non-empty cache draft is verified: SuffixDecoding)
+#   cache_only  --hvd-threshold -1 --hvd-eagle-reserve 0 (every non-empty cache draft is
+#               verified; at topk > 1 EAGLE3 keeps the nodes a short cache draft leaves)
 #   hvd         the gate's calibrated threshold
 set -euo pipefail
 : "${GATE:?}" "${CONVERSATIONS:?}" "${TOKENIZER:?}"
@@ -21,7 +22,7 @@ python "$(dirname "$0")/to_sharegpt.py" "$CONVERSATIONS" --tokenizer "$TOKENIZER
 for mode in eagle3 cache_only hvd; do
   case $mode in
     eagle3) extra=(--hvd-disable) ;;
-    cache_only) extra=(--hvd-threshold -1) ;;
+    cache_only) extra=(--hvd-threshold -1 --hvd-eagle-reserve 0) ;;
     hvd) extra=() ;;
   esac
   GATE=$GATE PORT=$PORT bash "$(dirname "$0")/serve_qwen3_8b.sh" "${extra[@]}" > "$OUT/server-$mode.log" 2>&1 &

@@ -4,16 +4,25 @@
 #
 #   GATE=path/to/gate bash launch/serve_qwen3_8b.sh
 #
-# GATE: a gate trained on traces of this model (hvd collect + hvd train). MODEL / DRAFT /
-# PORT can be overridden. HVD needs chain drafts (topk 1) and the non-overlap scheduler.
+# GATE: a gate trained on traces of this model (hvd collect + hvd train) for the verify shape
+# below (hvd train --verify-topk/--verify-steps/--verify-nodes; the server refuses a gate
+# trained for another shape). MODEL / DRAFT / PORT / TOPK / STEPS / NODES / ATTENTION can be
+# overridden. The recommended shape: EAGLE3 trees of topk 4, 3 steps, 16 tokens per verify
+# row, so a cache draft is verified 15 tokens at a time (README: "Serving with SGLang").
+# Tree rows need an attention backend that reads SGLang's tree mask (flashinfer, fa3,
+# triton; not trtllm_mha). HVD needs the non-overlap scheduler.
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-8B}
 DRAFT=${DRAFT:-Tengyunw/qwen3_8b_eagle3}
 PORT=${PORT:-30000}
+TOPK=${TOPK:-4}
+STEPS=${STEPS:-3}
+NODES=${NODES:-16}
+ATTENTION=${ATTENTION:-flashinfer}
 : "${GATE:?set GATE to a gate directory (hvd train -o GATE ...)}"
 exec python -m sglang_hvd.launch_server \
-  --model-path "$MODEL" --port "$PORT" \
+  --model-path "$MODEL" --port "$PORT" --attention-backend "$ATTENTION" \
   --speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFT" \
-  --speculative-eagle-topk 1 --speculative-num-steps 3 --speculative-num-draft-tokens 4 \
+  --speculative-eagle-topk "$TOPK" --speculative-num-steps "$STEPS" --speculative-num-draft-tokens "$NODES" \
   --disable-overlap-schedule \
   --hvd-gate "$GATE" ${RECORD:+--hvd-record-traces "$RECORD"} "$@"

@@ -306,3 +306,48 @@ def test_every_tp_rank_joins_the_broadcast_even_when_rank_0s_step_fails(demo_dir
     other.verify(_batch([FakeReq("a", [1, 2], [])], vi1))
     assert RecordingGroup.sent == [] and torch.equal(vi0.draft_token, vi1.draft_token)
     lead.hvd.recorder.close()
+
+
+class GlooGroup:
+    """The one method of SGLang's GroupCoordinator the plan broadcast uses, over gloo."""
+
+    def broadcast(self, t, src=0):
+        import torch.distributed as dist
+
+        dist.broadcast(t, src=src)
+
+
+def _tp_rank(rank: int, init_file: str, queue) -> None:
+    import numpy as np
+    import torch.distributed as dist
+
+    from sglang_hvd.patches.rows import pack_plans
+    from sglang_hvd.patches.tp import broadcast_plans
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        got = []
+        plans = pack_plans(np.array([2, 0]), np.array([5, 7]), np.array([[9, 8, -1, -1, -1, -1, -1], [-1] * 7]))
+        # Step 1: rank 0 planned; step 2: rank 0's HVD step failed (no plans); step 3: planned again.
+        for packed in (plans, None, plans):
+            mine = packed if rank == 0 else np.full((2, 9), 123)  # what other ranks hold is ignored
+            got.append(broadcast_plans(mine, 2, 8, GlooGroup(), rank).tolist())
+        queue.put((rank, got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_plans_broadcast_over_a_real_two_process_group_every_step(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_tp_rank, args=(r, str(tmp_path / "init"), queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    results = dict(queue.get(timeout=5) for _ in procs)
+    assert results[0] == results[1]
+    planned = [[2, 5, 9, 8, -1, -1, -1, -1, -1], [0, 7, -1, -1, -1, -1, -1, -1, -1]]
+    eagle3 = [[0, 7, -1, -1, -1, -1, -1, -1, -1]] * 2
+    assert results[0] == [planned, eagle3, planned]
