@@ -10,9 +10,11 @@ import time
 
 GAUGES = {
     "steps": "HVD decode steps judged",
-    "cache_pick_rate": "Share of verify rows that checked the cache draft",
-    "cache_mean_accept": "Mean accepted draft tokens of cache-draft rows",
-    "eagle3_mean_accept": "Mean accepted draft tokens of EAGLE3 rows",
+    "cache_pick_rate": "Share of verify rows that held a cache branch (a chain or two branches)",
+    "two_branch_rate": "Share of verify rows that held a cache branch and EAGLE3 nodes",
+    "eagle3_branch_wins": "Two-branch rows whose EAGLE3 branch was accepted",
+    "cache_mean_accept": "Mean accepted cache tokens of rows whose cache branch was taken",
+    "eagle3_mean_accept": "Mean accepted draft tokens of EAGLE3 rows and EAGLE3 branch wins",
     "cpu_us_per_step": "CPU microseconds of drafting and gating per decode step",
     "gate_errors": "Steps whose gate call failed (they verified EAGLE3 drafts)",
     "recorded_dropped": "Trace records dropped because the recorder queue was full",

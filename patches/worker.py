@@ -29,7 +29,8 @@ from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.factory import build_stepper
 from sglang_hvd.verify import VerifyShape
 
-from .rows import Staging, pack_plans, rewrite_tree_rows, substitute_chains, widen
+from .checks import UnsupportedSetup
+from .rows import FULL_MASK, QLEN_ONLY, Staging, pack_plans, rewrite_tree_rows, substitute_chains, widen
 from .tp import broadcast_plans
 
 log = logging.getLogger("sglang_hvd")
@@ -46,6 +47,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_tp_group = getattr(parallel, "tp_group", None)
         self.hvd_shape = VerifyShape(topk=self.topk, steps=self.speculative_num_steps,
                                      nodes=self.speculative_num_draft_tokens)
+        if self.topk > 1 and self._hvd_mask_mode() not in (QLEN_ONLY, FULL_MASK):
+            raise UnsupportedSetup(f"HVD rewrites tree rows in the QLEN_ONLY and FULL_MASK mask layouts; this server's "
+                                   f"attention backend builds layout {self._hvd_mask_mode()}: choose another "
+                                   "--attention-backend, or serve a topk-1 gate")
         # Only TP rank 0 drafts and gates; other ranks receive its decision.
         self.hvd = build_stepper(self.hvd_config, self.hvd_shape) if self._hvd_tp_rank == 0 else None
         self._hvd_staging = Staging()
