@@ -47,9 +47,11 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_tp_group = getattr(parallel, "tp_group", None)
         self.hvd_shape = VerifyShape(topk=self.topk, steps=self.speculative_num_steps,
                                      nodes=self.speculative_num_draft_tokens)
-        if self.topk > 1 and self._hvd_mask_mode() not in (QLEN_ONLY, FULL_MASK):
-            raise UnsupportedSetup(f"HVD rewrites tree rows in the QLEN_ONLY and FULL_MASK mask layouts; this server's "
-                                   f"attention backend builds layout {self._hvd_mask_mode()}: choose another "
+        # The target's attention backend (and its own verify mask, if any) comes later; the
+        # draft worker's layout is known now and rechecked each step (_hvd_write).
+        if self.topk > 1 and int(self.draft_worker.tree_mask_mode) not in (QLEN_ONLY, FULL_MASK):
+            raise UnsupportedSetup(f"HVD rewrites tree rows in the QLEN_ONLY and FULL_MASK mask layouts; this server "
+                                   f"builds layout {int(self.draft_worker.tree_mask_mode)}: choose another "
                                    "--attention-backend, or serve a topk-1 gate")
         # Only TP rank 0 drafts and gates; other ranks receive its decision.
         self.hvd = build_stepper(self.hvd_config, self.hvd_shape) if self._hvd_tp_rank == 0 else None
@@ -136,7 +138,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
 
     def _hvd_mask_mode(self) -> int:
         """The layout SGLang built this step's tree mask in (build_eagle_verify_input's rule)."""
-        verify_mask = self.target_worker.model_runner.attn_backend.verify_mask
+        backend = getattr(self.target_worker.model_runner, "attn_backend", None)
+        verify_mask = getattr(backend, "verify_mask", None)
         return int(verify_mask.mode if verify_mask is not None else self.draft_worker.tree_mask_mode)
 
     def _hvd_report(self) -> None:

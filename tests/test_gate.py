@@ -193,3 +193,18 @@ def test_task_split_keeps_every_trial_of_a_task_on_one_side():
     assert set(side.values()) == {TRAIN, VALIDATION, TEST}
     by_conv = split_conversations(records, 0.25, 0.25, seed=1)
     assert any(len({by_conv[f"tau/task{t:03d}/trial{k}"] for k in range(4)}) > 1 for t in range(12))
+
+
+def test_replay_runs_the_hvd_policy_with_a_gate_and_refuses_other_tokenizers(demo_dir, synth_traces, tmp_path, capsys):
+    traces, gate = os.path.join(demo_dir, "traces.jsonl"), os.path.join(demo_dir, "gate")
+    out = tmp_path / "r.json"
+    assert hvd(["replay", traces, "--gate", gate, "--policies", "eagle3_only,hvd,oracle", "--limit", "40",
+                "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["verify"] == {"shape": {"topk": 4, "steps": 3, "nodes": 16}, "eagle3_curve": "1:1.45,2:1.66,3:1.75,7:1.95,15:2.1"}
+    p = data["overall"]["policies"]
+    assert p["hvd"]["cycles_per_1k"] < p["eagle3_only"]["cycles_per_1k"] and p["hvd"]["two_branch_rate"] > 0
+    assert hvd(["replay", traces, "--policies", "hvd"]) == 2
+    assert "the hvd policy needs a gate: pass --gate GATE_DIR" in capsys.readouterr().err
+    assert hvd(["replay", synth_traces, "--gate", gate, "--policies", "hvd"]) == 2  # another synth tokenizer (seed 7)
+    assert "but the gate" in capsys.readouterr().err

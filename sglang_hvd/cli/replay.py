@@ -87,6 +87,8 @@ def main(args: argparse.Namespace) -> int:
     records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
     if args.limit:
         records = itertools.islice(records, args.limit)
+    if gate is not None:
+        records = _same_tokenizer(records, gate)
 
     with (atomic_output(args.steps) if args.steps else contextlib.nullcontext()) as steps_file:
         write_step = (lambda s: steps_file.write(dump_line(_step_json(s)))) if steps_file else None
@@ -110,6 +112,16 @@ def main(args: argparse.Namespace) -> int:
                            verify=model.to_json(), memory=mem, skipped_lines=report.num_skipped)
         write_json(args.json, result_json)
     return 0
+
+
+def _same_tokenizer(records, gate):
+    """The gate's token features index the ids of the tokenizer it was trained on."""
+    want = gate.spec.tokenizer
+    for r in records:
+        if r.tokenizer.digest != want.digest:
+            raise HvdInputError(f"the traces were tokenized with {r.tokenizer.name}@{r.tokenizer.digest}, but the gate "
+                                f"{gate.gate_dir} was trained on {want.name}@{want.digest}")
+        yield r
 
 
 def _ticking(records, bar):

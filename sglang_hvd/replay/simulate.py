@@ -49,7 +49,7 @@ def simulate(
     records: Iterable[TraceRecord],
     drafter: Drafter,
     policies: Sequence[Policy],
-    acceptance: VerifyModel,
+    model: VerifyModel,
     on_step: Callable[[ServingStep], None] | None = None,
     on_request: Callable[[TraceRecord], None] | None = None,
 ) -> ReplayResult:
@@ -57,12 +57,14 @@ def simulate(
     sources: dict[str, SourceTally] = {}
     start = time.perf_counter()
     num_drafts = 0
-    last = None
-    for step in iter_serving(_counting(records, sources, on_request), drafter, policies, acceptance):
+    request, drafted = None, set()  # positions of the current request with a non-empty draft
+    for step in iter_serving(_counting(records, sources, on_request), drafter, policies, model):
         sources[step.source].policy(step.policy).add_step(step.plan, step.out_len, step.accept_len)
-        if step.draft.tokens and (step.req_id, step.pos) != last:
+        if step.req_id != request:
+            request, drafted = step.req_id, set()
+        if step.draft.tokens and step.pos not in drafted:
+            drafted.add(step.pos)
             num_drafts += 1
-            last = (step.req_id, step.pos)
         if on_step:
             on_step(step)
     return ReplayResult(sources=sources, seconds=time.perf_counter() - start, num_drafts=num_drafts)
