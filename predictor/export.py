@@ -87,6 +87,9 @@ def write_gate_dir(out_dir: str, model: GateMLP, spec: GateSpec, token_flags: np
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a gate folder is read by servers of other users
     try:
         onnx.save(proto, os.path.join(tmp, "gate.onnx"))
         np.save(os.path.join(tmp, "token_flags.npy"), token_flags.astype(np.uint16))

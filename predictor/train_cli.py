@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from sglang_hvd.cli.common import add_json_flag, add_skip_invalid_flag, cli_entry, float_list, positive_int
+from sglang_hvd.cli.common import (GATE_FOLDER, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
+                                   positive_int)
 from sglang_hvd.cli.options import (add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags,
                                     verify_model_from_flags)
 from sglang_hvd.drafter.protocol import DrafterConfig
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_flags(p, CostModel, "cost model of calibration (per verify cycle; 1.0 = one target forward)", prefix="cost")
     add_skip_invalid_flag(p)
     add_json_flag(p)
+    declare_outputs(p, output=GATE_FOLDER)
     return p
 
 

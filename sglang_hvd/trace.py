@@ -252,18 +252,6 @@ class TraceWriter:
         self._ctx.__exit__(*exc)
 
 
-def check_path_writable(path: str) -> None:
-    """Fail before long work starts if an output path cannot be created."""
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    probe = folder
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.access(probe, os.W_OK):
-        raise HvdInputError(f"{path}: cannot write there (no write permission on {probe})")
-    if os.path.isdir(path):
-        raise HvdInputError(f"{path}: is a directory, expected a file path")
-
-
 def single_tokenizer(records: Iterable[TraceRecord]) -> Iterator[TraceRecord]:
     """Pass records through, refusing a stream that mixes tokenizers (ids would not compare)."""
     first: TraceRecord | None = None

@@ -86,5 +86,6 @@ def demo_dir(tmp_path_factory) -> str:
     from sglang_hvd.cli.main import main
 
     out = str(tmp_path_factory.mktemp("demo"))
-    assert main(["demo", "-o", out, "--sessions", "80", "--seed", "3", "--epochs", "20"]) == 0
+    assert main(["demo", "-o", out, "--sessions", "80", "--seed", "3", "--epochs", "20", "--json",
+                 os.path.join(out, "demo.json")]) == 0
     return out

@@ -67,6 +67,9 @@ def test_export_matches_torch_and_loads_as_a_gate(tmp_path):
     diff = write_gate_dir(str(tmp_path / "g"), model, _spec(), flags, x[:100])
     assert diff <= 1e-4
     assert sorted(os.listdir(tmp_path / "g")) == ["gate.json", "gate.onnx", "token_flags.npy"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(tmp_path / "g").st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700: servers of other users read it
     gate = Gate(str(tmp_path / "g"))
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
@@ -127,6 +130,8 @@ def test_demo_gate_beats_cache_only_and_eagle3_on_held_out_sessions(demo_dir):
     """The real claim, on synthetic sessions the gate never saw (a quarter held out)."""
     with open(os.path.join(demo_dir, "eval.json")) as f:
         result = json.load(f)
+    with open(os.path.join(demo_dir, "demo.json")) as f:  # hvd demo --json: the same evaluation
+        assert json.load(f) == result
     cycles = {name: p["cycles_per_1k"] for name, p in result["overall"]["policies"].items()}
     assert cycles["hvd"] < 0.95 * cycles["cache_only"]
     assert cycles["hvd"] < 0.5 * cycles["eagle3_only"]

@@ -12,8 +12,7 @@ from ..importer import THINKING_MODES, ImportOptions
 from ..jsonl import write_json
 from ..report import format_table, progress
 from ..tokenizer import ChatTokenizer
-from ..trace import check_path_writable
-from .common import add_json_flag, cli_entry, positive_int
+from .common import FILE, add_json_flag, cli_entry, declare_outputs, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thinking", choices=THINKING_MODES, default="auto", help="template thinking mode, as in hvd import (default: %(default)s)")
     p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N conversations of each file")
     add_json_flag(p)
+    declare_outputs(p, output=FILE)
     return p
 
 
@@ -47,7 +47,6 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError("-o: collect appends as it goes; write a plain .jsonl (compress it afterwards)")
     if os.path.exists(args.output):
         raise HvdInputError(f"{args.output}: exists; choose another path or remove it")
-    check_path_writable(args.output)
     tokenizer = ChatTokenizer(args.tokenizer)
     options = CollectOptions(concurrency=args.concurrency, max_new_tokens=args.max_new_tokens, timeout_s=args.timeout,
                              retries=args.retries)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 
 from ..errors import HvdInputError
+
+# Output kinds a command declares (declare_outputs): checked before any work starts.
+FILE, FOLDER, GATE_FOLDER = "file", "folder", "gate folder"
+GATE_FILES = ("gate.onnx", "gate.json", "token_flags.npy", "metrics.json", "calibration.png")
 
 
 def cli_entry(
@@ -22,8 +28,10 @@ def cli_entry(
     def wrap(run: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
         @functools.wraps(run)
         def main(argv: list[str] | None = None) -> int:
-            args = build_parser().parse_args(argv)
+            parser = build_parser()
+            args = parser.parse_args(argv)
             try:
+                check_outputs(parser, args)
                 return run(args)
             except HvdInputError as e:
                 print(f"hvd {prog}: error: {e}", file=sys.stderr)
@@ -31,14 +39,68 @@ def cli_entry(
             except KeyboardInterrupt:
                 print(f"hvd {prog}: interrupted", file=sys.stderr)
                 return 130
+            except BrokenPipeError:
+                # `hvd ... | head`: the reader left. End quietly, as a shell tool would
+                # (exit status 128 + SIGPIPE), without a traceback at interpreter exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 141
 
         return main
 
     return wrap
 
 
+def declare_outputs(parser: argparse.ArgumentParser, **kinds: str) -> None:
+    """Declare the parser's output flags (dest -> FILE, FOLDER or GATE_FOLDER): each is
+    checked before the command does any work (cli_entry)."""
+    outputs = dict(parser.get_default("_hvd_outputs") or {})
+    outputs.update(kinds)
+    parser.set_defaults(_hvd_outputs=outputs)
+
+
+def _flag(parser: argparse.ArgumentParser, dest: str) -> str:
+    for action in parser._actions:
+        if action.dest == dest and action.option_strings:
+            return max(action.option_strings, key=len)
+    return dest
+
+
+def check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for dest, kind in (getattr(args, "_hvd_outputs", None) or {}).items():
+        path = getattr(args, dest, None)
+        if path:
+            check_output(path, kind, _flag(parser, dest))
+
+
+def check_output(path: str, kind: str, flag: str) -> None:
+    """Fail with one line before long work starts if ``path`` cannot be written as ``kind``."""
+    where = f"{flag} {path}"
+    if kind == FILE and os.path.isdir(path):
+        raise HvdInputError(f"{where}: is a directory; give a file path")
+    if kind != FILE and os.path.exists(path):
+        if not os.path.isdir(path):
+            raise HvdInputError(f"{where}: exists and is not a folder; give a new folder")
+        if kind == GATE_FOLDER:
+            other = sorted(set(os.listdir(path)) - set(GATE_FILES))
+            if other:
+                raise HvdInputError(f"{where}: exists and holds other files ({', '.join(other[:3])}"
+                                    f"{' ...' if len(other) > 3 else ''}); choose a new folder or an earlier gate folder")
+    folder = path if kind != FILE and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    probe = folder
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise HvdInputError(f"{where}: {probe} is a file, not a folder")
+    try:  # os.access does not know every file system (/proc, read-only mounts as root)
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".hvd-write-check."):
+            pass
+    except OSError as e:
+        raise HvdInputError(f"{where}: cannot write in {probe} ({e.strerror or e}); choose another path") from None
+
+
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
+    declare_outputs(parser, json=FILE)
 
 
 def add_skip_invalid_flag(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,8 @@ import os
 import time
 
 from ..errors import HvdInputError
-from .common import cli_entry, positive_int
+from ..jsonl import write_json
+from .common import FOLDER, add_json_flag, cli_entry, declare_outputs, positive_int
 from .main import command
 
 
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=positive_int, default=160, help="synthetic sessions to generate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload, split and training (default: %(default)s)")
     p.add_argument("--epochs", type=positive_int, default=40, help="most training epochs (default: %(default)s)")
+    add_json_flag(p)
+    declare_outputs(p, output=FOLDER)
     return p
 
 
@@ -55,9 +58,12 @@ def main(args: argparse.Namespace) -> int:
                            "--epochs", str(args.epochs)])
     _step("eval", [traces, "--gate", gate, "--held-out", "--json", result])
     with open(result) as f:
-        overall = json.load(f)["overall"]["policies"]
+        evaluation = json.load(f)
+    overall = evaluation["overall"]["policies"]
     cyc = {name: p["cycles_per_1k"] for name, p in overall.items()}
     print(f"\nHVD on held-out sessions: {cyc['hvd']:.1f} verify cycles per 1k tokens vs {cyc['cache_only']:.1f} "
           f"cache-only (SuffixDecoding), {cyc['eagle3_only']:.1f} EAGLE3-only and {cyc['oracle']:.1f} for the oracle gate "
           f"({time.perf_counter() - start:.0f} s in all; files in {d}/)")
+    if args.json:  # the held-out evaluation, as `hvd eval --json` writes it
+        write_json(args.json, evaluation)
     return 0

@@ -8,7 +8,7 @@ from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
-from ..jsonl import write_json
+from ..jsonl import atomic_output, write_json
 from ..policy import DecisionRule
 from ..replay.metrics import COLUMNS, table_row
 from ..replay.policies import GatePolicy, PolicyOptions, make_policies
@@ -16,7 +16,7 @@ from ..replay.simulate import simulate
 from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, gate_metrics, sweep
 from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
-from .common import add_json_flag, add_skip_invalid_flag, cli_entry, float_list
+from .common import FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list
 from .options import add_verify_flags, verify_model_from_flags
 
 POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_flags(p, gate_default="gate")
     add_skip_invalid_flag(p)
     add_json_flag(p)
+    declare_outputs(p, plot=FILE)
     return p
 
 
@@ -138,4 +139,6 @@ def _plot(path: str, sw) -> None:
     b.set_ylabel("verify cycles per 1k tokens")
     b.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path, text=False) as f:  # nothing half-written if the run fails
+        fig.savefig(f, dpi=110, format="png")
+    plt.close(fig)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import time
 
 from ..conversation import iter_conversations
-from ..errors import HvdInputError
+from ..errors import FileFormatError, HvdInputError
 from ..importer import THINKING_MODES, ImportOptions, import_conversation
 from ..jsonl import open_text, write_json
 from ..report import format_table, progress
 from ..tokenizer import ChatTokenizer
-from ..trace import TraceWriter, check_path_writable
-from .common import add_json_flag, cli_entry, positive_int
+from ..trace import TraceWriter
+from .common import FILE, add_json_flag, cli_entry, declare_outputs, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,12 +39,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-name", metavar="NAME", help="name recorded with the tokenizer digest (default: from the folder)")
     p.add_argument("--limit", type=positive_int, metavar="N", help="import at most N conversations per file")
     add_json_flag(p)
+    declare_outputs(p, output=FILE)
     return p
 
 
 def _count_lines(path: str) -> int:
+    """Non-blank lines of a conversation file (a first pass that fails fast on a missing,
+    truncated or undecodable file)."""
     with open_text(path) as f:
-        return sum(1 for line in f if line.strip())
+        n = 0
+        while True:
+            try:
+                line = f.readline()
+            except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, OSError) as e:
+                raise FileFormatError(path, n + 1, f"unreadable ({e.__class__.__name__}: {e}); "
+                                      "is the file complete?") from e
+            if not line:
+                return n
+            n += bool(line.strip())
 
 
 @cli_entry("import", build_parser)
@@ -53,8 +66,9 @@ def main(args: argparse.Namespace) -> int:
     total = 0
     for path in args.conversations:
         n = _count_lines(path)  # also fails fast on a missing file
+        if not n:
+            raise HvdInputError(f"{path}: no conversations in it (an empty file?)")
         total += min(n, args.limit) if args.limit else n
-    check_path_writable(args.output)
     if args.output in args.conversations:
         raise HvdInputError(f"{args.output}: output would overwrite an input file")
 

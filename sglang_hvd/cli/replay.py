@@ -15,7 +15,7 @@ from ..replay.simulate import DraftQuality, dense_quality, simulate
 from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
 from ..errors import HvdInputError
-from .common import add_json_flag, add_skip_invalid_flag, cli_entry, positive_int
+from .common import FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, positive_int
 from .options import add_drafter_flags, add_verify_flags, drafter_from_flags, verify_model_from_flags
 
 
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_flags(p, gate_default="gate if given")
     add_skip_invalid_flag(p)
     add_json_flag(p)
+    declare_outputs(p, steps=FILE)
     return p
 
 
@@ -96,12 +97,17 @@ def main(args: argparse.Namespace) -> int:
         with bar:
             if args.mode == "dense":
                 quality, seconds = dense_quality(_ticking(records, bar), drafter, on_step=write_step)
-                _print_dense(quality, seconds)
-                result_json = {"mode": "dense", "sources": {s: q.to_json() for s, q in quality.items()}}
             else:
                 result = simulate(records, drafter, policies, model, on_step=write_step, on_request=lambda r: bar.update(1))
-                _print_serving(result, model)
-                result_json = {"mode": "serving", **result.to_json(), "seconds": result.seconds}
+        if not (quality if args.mode == "dense" else result.sources):  # nothing written, no nonsense figures
+            raise HvdInputError(f"no trace records in {', '.join(args.traces)}" +
+                                (f" ({report.num_skipped} malformed lines skipped)" if report.num_skipped else ""))
+    if args.mode == "dense":
+        _print_dense(quality, seconds)
+        result_json = {"mode": "dense", "sources": {s: q.to_json() for s, q in quality.items()}}
+    else:
+        _print_serving(result, model)
+        result_json = {"mode": "serving", **result.to_json(), "seconds": result.seconds}
     mem = drafter.memory_stats()
     print(f"drafter {args.drafter}: {mem['global_tokens']:,.0f} cached response tokens, "
           f"{mem['bytes_per_token']:.0f} bytes per cached token, {mem['evicted_responses']:,.0f} responses evicted")

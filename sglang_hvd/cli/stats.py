@@ -8,6 +8,7 @@ from ..jsonl import write_json
 from ..report import format_table, progress
 from ..stats import RepetitionProfiler
 from ..trace import ReadReport, iter_traces
+from ..errors import HvdInputError
 from .common import add_json_flag, add_skip_invalid_flag, cli_entry, positive_int
 
 
@@ -34,6 +35,9 @@ def main(args: argparse.Namespace) -> int:
     profiler = RepetitionProfiler(args.match_len)
     records = iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report)
     profiler.add_all(progress(records, desc="stats", unit="req"))
+    if not profiler.sources:
+        raise HvdInputError(f"no trace records in {', '.join(args.traces)}" +
+                            (f" ({report.num_skipped} malformed lines skipped)" if report.num_skipped else ""))
     header = ["source", "conversations", "requests", "prompt tokens", "output tokens", "mean prompt", "mean output", f"repeat@{args.match_len}"]
 
     def row(name, s):

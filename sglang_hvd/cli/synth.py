@@ -9,7 +9,7 @@ from ..errors import HvdInputError
 from ..jsonl import write_json
 from ..report import format_table
 from ..synth.workload import KINDS, SynthConfig, write_workload
-from .common import add_json_flag, cli_entry, positive_int
+from .common import FOLDER, add_json_flag, cli_entry, declare_outputs, positive_int
 
 
 DEFAULTS = SynthConfig()
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=positive_int, default=DEFAULTS.vocab_size,
                    help="vocabulary size of the trained tokenizer (default: %(default)s)")
     add_json_flag(p)
+    declare_outputs(p, output=FOLDER)
     return p
 
 
