@@ -15,7 +15,9 @@ DRAFTERS = available_drafters()
 
 @pytest.fixture(params=DRAFTERS)
 def make(request):
-    return lambda **cfg: create_drafter(request.param, DrafterConfig(**cfg))
+    """A drafter with SuffixDecoding's budget (factor 1: a p-token match drafts at most p
+    tokens) unless the test says otherwise; the literal examples below assume it."""
+    return lambda **cfg: create_drafter(request.param, DrafterConfig(**{"max_spec_factor": 1.0, **cfg}))
 
 
 def test_registry_and_protocol():

@@ -21,6 +21,7 @@ from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
 
 TOK = TokenizerId("toy", "d")
+FACTOR1 = DrafterConfig(max_spec_factor=1.0)  # SuffixDecoding's budget: a p-token match drafts at most p tokens
 
 
 def rec(req_id, prompt, output, source="toy", conv=None):
@@ -89,7 +90,7 @@ def test_serving_walk_of_cache_only_on_a_literal_trace():
     # The output repeats the prompt's "1 2 3 4 5 6 7 8", then ends with 9.
     record = rec("a", [1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 9])
     policies = make_policies(["greedy", "cache_only"], PolicyOptions())
-    steps = list(iter_serving([record], create_drafter("python"), policies, VerifyModel(VerifyShape(4, 3, 16))))
+    steps = list(iter_serving([record], create_drafter("python", FACTOR1), policies, VerifyModel(VerifyShape(4, 3, 16))))
     cache = [(s.pos, s.choice, s.draft.tokens, s.accept_len, s.out_len) for s in steps if s.policy == "cache_only"]
     assert cache == [
         (0, "greedy", (), 0, 1),                    # "0" occurs only as the context: no draft, plain step
@@ -102,7 +103,7 @@ def test_serving_walk_of_cache_only_on_a_literal_trace():
 
 def test_dense_mode_labels_every_position():
     record = rec("a", [1, 2, 3, 9, 1], [2, 3, 7])
-    steps = list(iter_dense([record], create_drafter("python")))
+    steps = list(iter_dense([record], create_drafter("python", FACTOR1)))
     assert [(s.pos, s.draft.tokens, s.accept_len) for s in steps] == [
         (0, (2,), 1),        # "1" -> 2 (1-token budget): right
         (1, (3, 9), 1),      # "1 2" -> 3 9: 3 right, 9 wrong
@@ -158,10 +159,10 @@ def test_regression_cache_only_cycles_on_swe_agent(tmp_path, qwen_dir):
     assert hvd(["import", shared_file("swe_agent.jsonl"), "--tokenizer", qwen_dir, "-o", str(traces)]) == 0
     out = tmp_path / "r.json"
     # A verify wide enough for the longest draft (64 tokens): the drafter's figure uncapped.
-    assert hvd(["replay", str(traces), "--policies", "greedy,eagle3_only,cache_only", "--json", str(out),
+    assert hvd(["replay", str(traces), "--policies", "greedy,eagle3_only,cache_only", "--json", str(out), "--max-spec-factor", "1",
                 "--verify-topk", "8", "--verify-steps", "3", "--verify-nodes", "65", "--eagle3-mean", "1.75"]) == 0
     policies = json.loads(out.read_text())["sources"]["swe-agent"]["policies"]
-    # Measured with the python drafter at its defaults (depth 64, factor 1, min prob 0.1);
+    # Measured with the python drafter (depth 64, factor 1, min prob 0.1);
     # a change of the drafter's semantics moves this figure. Tolerance: 1%.
     assert policies["cache_only"]["cycles_per_1k"] == pytest.approx(416.27, rel=0.01)
     assert policies["greedy"]["cycles_per_1k"] == 1000.0
@@ -202,7 +203,7 @@ def test_replay_cli_refuses_bad_options_and_mixed_tokenizers(tmp_path, capsys):
 def test_verify_width_caps_what_a_cache_verify_accepts():
     record = rec("a", [1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 9])
     policies = make_policies(["cache_only"], PolicyOptions())
-    steps = list(iter_serving([record], create_drafter("python"), policies, VerifyModel(VerifyShape(1, 2, 3))))
+    steps = list(iter_serving([record], create_drafter("python", FACTOR1), policies, VerifyModel(VerifyShape(1, 2, 3))))
     # As in the walk above, but a topk-1 row of 3 nodes checks at most 2 cache tokens.
     assert [(s.pos, s.draft.tokens[:3], s.accept_len, s.out_len) for s in steps] == [
         (0, (), 0, 1), (1, (2,), 1, 2), (3, (4, 5, 6), 2, 3), (6, (7, 8, 0), 2, 3)]

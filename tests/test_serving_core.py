@@ -192,7 +192,7 @@ def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
     from sglang_hvd.features import FeatureExtractor
 
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
-    st = HVDStepper(create_drafter("python"), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
+    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0)), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
                     VerifyShape(2, 3, 8), recorder=rec)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     st.sync("r", prompt, [])

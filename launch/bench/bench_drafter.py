@@ -26,6 +26,7 @@ import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, available_drafters, create_drafter
 from sglang_hvd.replay.acceptance import VerifyModel
+from sglang_hvd.verify import Eagle3Curve, VerifyShape
 from sglang_hvd.replay.engine import accept_len
 from sglang_hvd.replay.policies import BASELINES, PolicyOptions, make_policies
 from sglang_hvd.replay.simulate import simulate
@@ -91,7 +92,8 @@ def batch_of(records, make, cfg, size=32, rounds=200):
 
 def serving(records, drafter):
     policies = make_policies(list(BASELINES), PolicyOptions(rule_thresholds=(1.0, 3.0)))
-    result = simulate(records, drafter, policies, VerifyModel())
+    # A row wide enough for any draft of depth 64 (cache_only uncapped), EAGLE3 flat at 1.75.
+    result = simulate(records, drafter, policies, VerifyModel(VerifyShape(8, 3, 65), Eagle3Curve.constant(1.75)))
     total = result.overall
     return {"tokens_per_s": total.tokens / result.seconds,
             "cache_only_cycles_per_1k": total.policies["cache_only"].to_json()["cycles_per_1k"]}
@@ -102,6 +104,9 @@ def main(argv=None) -> int:
     p.add_argument("traces", nargs="+")
     p.add_argument("--depths", default="24,64", help="comma-separated tree depths (default: %(default)s)")
     p.add_argument("--limit", type=int, help="first N requests only")
+    p.add_argument("--max-spec-factor", type=float, default=1.0,
+                   help="draft budget per matched token; 1 is SuffixDecoding's and ArcticInference's, so the drafters "
+                        "compare like for like (default: %(default)s; hvd's default is 2)")
     p.add_argument("--drafters", default=",".join(available_drafters()),
                    help="registered drafters to measure (default: %(default)s)")
     p.add_argument("--arctic", action="store_true", help="also measure arctic-inference's SuffixDecodingCache")
@@ -117,7 +122,7 @@ def main(argv=None) -> int:
         makers["arctic-inference"] = ArcticDrafter
     rows = []
     for depth in [int(d) for d in args.depths.split(",")]:
-        cfg = DrafterConfig(max_depth=depth)
+        cfg = DrafterConfig(max_depth=depth, max_spec_factor=args.max_spec_factor)
         for name, make in makers.items():
             d = dense_walk(records, make(cfg))
             s = serving(records, make(cfg))
