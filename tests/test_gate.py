@@ -211,5 +211,8 @@ def test_replay_runs_the_hvd_policy_with_a_gate_and_refuses_other_tokenizers(dem
     assert p["hvd"]["cycles_per_1k"] < p["eagle3_only"]["cycles_per_1k"] and p["hvd"]["two_branch_rate"] > 0
     assert hvd(["replay", traces, "--policies", "hvd"]) == 2
     assert "the hvd policy needs a gate: pass --gate GATE_DIR" in capsys.readouterr().err
+    assert hvd(["replay", traces, "--gate", gate, "--policies", "hvd", "--max-spec-factor", "3"]) == 2
+    assert "--max-spec-factor 3.0: the gate was trained with max_spec_factor 2.0; drop --max-spec-factor" in \
+        capsys.readouterr().err
     assert hvd(["replay", synth_traces, "--gate", gate, "--policies", "hvd"]) == 2  # another synth tokenizer (seed 7)
     assert "but the gate" in capsys.readouterr().err

@@ -56,10 +56,23 @@ def add_drafter_flags(parser: argparse.ArgumentParser) -> None:
     add_dataclass_flags(parser, DrafterConfig, "cache drafter")
 
 
-def drafter_from_flags(args: argparse.Namespace):
+def drafter_from_flags(args: argparse.Namespace, base: DrafterConfig | None = None):
+    """The drafter the flags describe. With ``base`` (a gate's settings), flags left at
+    their defaults take the gate's values, and a flag set to another value than the
+    gate's is refused: the gate's features describe drafts of its own settings."""
     from ..drafter import create_drafter
 
-    return create_drafter(args.drafter, dataclass_from_flags(DrafterConfig, args))
+    config = dataclass_from_flags(DrafterConfig, args)
+    if base is not None:
+        default = DrafterConfig()
+        for f in dataclasses.fields(DrafterConfig):
+            mine, theirs = getattr(config, f.name), getattr(base, f.name)
+            if mine != getattr(default, f.name) and mine != theirs:
+                flag = "--" + f.name.replace("_", "-")
+                raise HvdInputError(f"{flag} {mine}: the gate was trained with {f.name} {theirs}; drop {flag} "
+                                    "(the gate's settings are used) or train a gate with it")
+        config = base
+    return create_drafter(args.drafter, config)
 
 
 def add_verify_flags(parser: argparse.ArgumentParser, gate_default: str = "") -> None:

@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated policies from {', '.join(POLICY_FACTORIES)} (default: %(default)s)")
     p.add_argument("--rule-threshold", default="1,3,6", metavar="C[,C...]",
                    help="score threshold(s) of the rule policy, one rule@C row each (default: %(default)s)")
-    p.add_argument("--gate", metavar="GATE_DIR", help="a gate from `hvd train`, for the hvd policy (its decision rule)")
+    p.add_argument("--gate", metavar="GATE_DIR",
+                   help="a gate from `hvd train`, for the hvd policy; its decision rule, drafter settings, verify shape "
+                        "and EAGLE3 curve are the defaults")
     p.add_argument("--limit", type=positive_int, metavar="N", help="replay only the first N requests")
     p.add_argument("--steps", metavar="PATH", help="also write one JSON line per replayed step to PATH")
     add_drafter_flags(p)
@@ -75,8 +77,8 @@ def _step_json(step) -> dict:
 
 @cli_entry("replay", build_parser)
 def main(args: argparse.Namespace) -> int:
-    drafter = drafter_from_flags(args)
     gate = Gate(args.gate) if args.gate else None
+    drafter = drafter_from_flags(args, gate.drafter_config if gate else None)
     model = verify_model_from_flags(args, gate.verify_model if gate else None)
     options = PolicyOptions(rule_thresholds=_parse_thresholds(args.rule_threshold), eagle3_tokens=model.eagle3_tokens,
                             gate=gate)
