@@ -12,15 +12,13 @@ import numpy as np
 import torch
 
 from sglang_hvd.policy import no_decision
-from sglang_hvd.verify import VerifyShape
 
 from .rows import pack_plans
 
 
 def eagle3_everywhere(bs: int, num_draft_tokens: int) -> np.ndarray:
     """Packed plans that leave every row to EAGLE3."""
-    n = num_draft_tokens - 1
-    plans = no_decision(bs, VerifyShape(topk=1, steps=n, nodes=num_draft_tokens))
+    plans = no_decision(bs, num_draft_tokens - 1)
     return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens)
 
 

@@ -8,7 +8,6 @@ or this package. Heavy imports (torch, onnx) happen inside ``main``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from sglang_hvd.cli.common import (GATE_FOLDER, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
                                    positive_int)

@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from .features import FEATURE_NAMES, FeatureExtractor
-from .gate_spec import FILES, GATE_FORMAT_VERSION, GateError, GateSpec  # noqa: F401  (re-exported)
+from .gate_spec import GateError, GateSpec  # noqa: F401  (GateError: what a bad gate raises)
 from .policy import DecisionRule
 
 INPUT_NAME, OUTPUT_NAME = "features", "accept_len"

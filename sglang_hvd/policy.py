@@ -201,7 +201,8 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
     return RowPlans(cache, eagle, tokens, predicted, error)
 
 
-def no_decision(b: int, shape: VerifyShape) -> RowPlans:
-    """Every row verifies EAGLE3's tree (a step whose decision failed)."""
-    return RowPlans(np.zeros(b, np.int32), np.full(b, shape.draft_nodes, np.int32),
-                    np.full((b, shape.draft_nodes), -1, np.int32), np.full(b, np.nan, np.float32))
+def no_decision(b: int, draft_nodes: int) -> RowPlans:
+    """Every row of ``draft_nodes`` (N-1) draft tokens keeps EAGLE3's tree (a step whose
+    decision failed)."""
+    return RowPlans(np.zeros(b, np.int32), np.full(b, draft_nodes, np.int32),
+                    np.full((b, draft_nodes), -1, np.int32), np.full(b, np.nan, np.float32))

@@ -26,7 +26,6 @@ Glossary (used across the package):
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 

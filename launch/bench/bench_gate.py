@@ -11,7 +11,6 @@ inference <= 30 us for a batch of 32.
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
 

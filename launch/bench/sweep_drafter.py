@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "oracle": pol["oracle"], "hvd_over_oracle": pol["hvd"] / pol["oracle"]}
         results.append(row)
         print(f"{tag}: done in {row['seconds']:.0f} s", file=sys.stderr)
-    print(f"held-out tasks, verify cycles per 1k tokens (hvd / rule / cache_only / eagle3_only / oracle)")
+    print("held-out tasks, verify cycles per 1k tokens (hvd / rule / cache_only / eagle3_only / oracle)")
     for row in results:
         label = ", ".join(f"{k}={v}" for k, v in row["setting"].items())
         print(f"\n{label} (threshold {row['threshold']:g}, EAGLE3 reserve {row['eagle_reserve']})")

@@ -80,29 +80,24 @@ def _finish(drafter: Drafter, record: TraceRecord, fed: int) -> None:
     drafter.finish_request(record.req_id)
 
 
+def _every_position(drafter: Drafter, record: TraceRecord, out: list[int]) -> Iterator[tuple[int, Draft, int]]:
+    """``(pos, draft, LCP with the recorded output)`` at every output position, the
+    drafter fed one token at a time (it then holds all of the output but the last token)."""
+    for pos in range(len(out)):
+        if pos:
+            drafter.append(record.req_id, out[pos - 1 : pos])
+        draft = drafter.speculate(record.req_id)
+        yield pos, draft, accept_len(draft.tokens, out, pos)
+
+
 def iter_dense(records: Iterable[TraceRecord], drafter: Drafter) -> Iterator[DenseStep]:
     """One labelled draft per output position of every request, in trace order."""
     for record in records:
         out = record.output_ids.tolist()
         drafter.start_request(record.req_id, record.prompt_ids)
-        for pos in range(len(out)):
-            if pos:
-                drafter.append(record.req_id, out[pos - 1 : pos])
-            draft = drafter.speculate(record.req_id)
-            yield DenseStep(record, pos, draft, accept_len(draft.tokens, out, pos))
+        for pos, draft, label in _every_position(drafter, record, out):
+            yield DenseStep(record, pos, draft, label)
         _finish(drafter, record, max(len(out) - 1, 0))
-
-
-def _dense_drafts(drafter: Drafter, record: TraceRecord, out: list[int]) -> tuple[list[Draft], list[int]]:
-    """The cache draft at every output position and its LCP with the recorded output."""
-    drafts, labels = [], []
-    for pos in range(len(out)):
-        if pos:
-            drafter.append(record.req_id, out[pos - 1 : pos])
-        draft = drafter.speculate(record.req_id)
-        drafts.append(draft)
-        labels.append(accept_len(draft.tokens, out, pos))
-    return drafts, labels
 
 
 def _decide_all(policies: Sequence[Policy], views: list[StepView]) -> list[RowPlan]:
@@ -142,7 +137,8 @@ def iter_serving(
         out_list = record.output_ids.tolist()
         n = len(out_list)
         drafter.start_request(record.req_id, record.prompt_ids)
-        drafts, labels = _dense_drafts(drafter, record, out_list) if drafting else ([], [])
+        dense = list(_every_position(drafter, record, out_list)) if drafting else []
+        drafts, labels = [d for _, d, _ in dense], [label for _, _, label in dense]
         streams = [Eagle3Stream() for _ in policies]
         # Only policies that read the request's state (the gate) pay for keeping it.
         states = [RequestState(record.prompt_ids) if getattr(p, "needs_state", False) else None for p in policies]

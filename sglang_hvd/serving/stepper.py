@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..drafter.protocol import Drafter
-from ..policy import DecisionRule, RequestState, RowPlans, decide, no_decision
+from ..policy import DecisionRule, RequestState, RowPlans, decide
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
 
