@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from sglang_hvd.cli.common import (GATE_FOLDER, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
-                                   positive_int)
+                                   non_negative_int, positive_int)
 from sglang_hvd.cli.options import (add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags,
                                     verify_model_from_flags)
 from sglang_hvd.drafter.protocol import DrafterConfig
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=512, help="minibatch size (default: %(default)s)")
     p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default: %(default)s)")
     p.add_argument("--threshold", type=float, help="fixed decision threshold on predicted accept_len (default: calibrated)")
-    p.add_argument("--eagle-reserve", type=int, metavar="M",
+    p.add_argument("--eagle-reserve", type=non_negative_int, metavar="M",
                    help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
     p.add_argument("--gate-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds tried by calibration (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))

@@ -16,7 +16,8 @@ from ..replay.simulate import simulate
 from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, gate_metrics, sweep
 from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
-from .common import FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list
+from .common import (FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
+                     non_negative_int)
 from .options import add_verify_flags, verify_model_from_flags
 
 POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--held-out", action="store_true",
                    help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
     p.add_argument("--threshold", type=float, help="override the gate's threshold on predicted accept_len")
-    p.add_argument("--eagle-reserve", type=int, metavar="M",
+    p.add_argument("--eagle-reserve", type=non_negative_int, metavar="M",
                    help="override the EAGLE3 nodes the gate's decision keeps beside a cache draft (topk > 1)")
     p.add_argument("--rule-threshold", type=float, help="override the rule constant chosen at training")
     p.add_argument("--plot", metavar="PATH.png",
