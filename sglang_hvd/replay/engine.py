@@ -30,7 +30,7 @@ from ..policy import RequestState, RowPlan
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream
 from .acceptance import VerifyModel
-from .policies import Policy, StepView
+from .policies import GREEDY_ROW, Policy, StepView
 
 
 def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: int = 0) -> int:
@@ -123,8 +123,13 @@ def iter_serving(
     drafter: Drafter,
     policies: Sequence[Policy],
     model: VerifyModel,
+    prefill_first: bool = False,
 ) -> Iterator[ServingStep]:
     """Every verify step of every policy, request by request.
+
+    ``prefill_first``: the first output token comes from the prefill forward, one token
+    in one cycle with no draft (what a server does: it speculates from the second token
+    on); else the first step may verify a draft too.
 
     Within a request the policies walk in waves: each active policy takes its next step
     in every wave, so policies that batch (the gate) decide together, one gate call per
@@ -143,7 +148,13 @@ def iter_serving(
         # Only policies that read the request's state (the gate) pay for keeping it.
         states = [RequestState(record.prompt_ids) if getattr(p, "needs_state", False) else None for p in policies]
         position = [0] * len(policies)
-        active = list(range(len(policies))) if n else []
+        if prefill_first and n:
+            for i, policy in enumerate(policies):
+                if states[i] is not None:
+                    states[i].observe(out_list[:1])
+                yield ServingStep(record.req_id, record.source, policy.name, 0, GREEDY_ROW, EMPTY_DRAFT, 0, 1)
+            position = [1] * len(policies)
+        active = [i for i in range(len(policies)) if position[i] < n]
         while active:
             views = []
             for i in active:

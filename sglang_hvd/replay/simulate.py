@@ -52,13 +52,15 @@ def simulate(
     model: VerifyModel,
     on_step: Callable[[ServingStep], None] | None = None,
     on_request: Callable[[TraceRecord], None] | None = None,
+    prefill_first: bool = False,
 ) -> ReplayResult:
-    """Serving-mode replay of every policy; tallies per source."""
+    """Serving-mode replay of every policy; tallies per source (``prefill_first``: see
+    engine.iter_serving)."""
     sources: dict[str, SourceTally] = {}
     start = time.perf_counter()
     num_drafts = 0
     request, drafted = None, set()  # positions of the current request with a non-empty draft
-    for step in iter_serving(_counting(records, sources, on_request), drafter, policies, model):
+    for step in iter_serving(_counting(records, sources, on_request), drafter, policies, model, prefill_first):
         sources[step.source].policy(step.policy).add_step(step.plan, step.out_len, step.accept_len)
         if step.req_id != request:
             request, drafted = step.req_id, set()
