@@ -18,8 +18,9 @@ served), their ratio, and a lossless check: every output must equal its recordin
 Modes:
   greedy       no speculation (cycles = tokens)
   eagle3_only  EAGLE3 alone (the stand-in draft)
-  cache_only   HVD with the gate's threshold at -inf: a cache chain whenever the cache
-               drafter has a draft, else EAGLE3's row (replay: the score rule at -inf)
+  cache_only   HVD with the gate's threshold at -inf: the cache draft whenever the cache
+               drafter has one (at topk > 1 EAGLE3 keeps the nodes it leaves), else
+               EAGLE3's row; replay runs the same decision
   hvd          HVD with the gate's own decision rule
 
 Replay runs requests one after another (its global cache holds every earlier request);
@@ -48,7 +49,8 @@ sys.path.insert(0, REPO)
 from sglang_hvd.drafter import create_drafter  # noqa: E402
 from sglang_hvd.gate import Gate  # noqa: E402
 from sglang_hvd.replay.acceptance import VerifyModel  # noqa: E402
-from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy, ScoreRule  # noqa: E402
+from sglang_hvd.policy import DecisionRule  # noqa: E402
+from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy  # noqa: E402
 from sglang_hvd.replay.simulate import simulate  # noqa: E402
 from sglang_hvd.trace import iter_traces  # noqa: E402
 from sglang_hvd.verify import Eagle3Curve, VerifyShape  # noqa: E402
@@ -152,8 +154,11 @@ def engine_tallies(records, results, mode: str) -> tuple[dict, list]:
 
 
 def replay(records, mode: str, gate, model: VerifyModel, drafter_config) -> dict:
+    # cache_only is the served decision at threshold -inf: at topk > 1 a short cache draft
+    # leaves the rest of the row to EAGLE3 (a two-branch row), as the server does
     policy = {"greedy": lambda: Greedy(), "eagle3_only": lambda: Eagle3Only(),
-              "cache_only": lambda: ScoreRule(-math.inf), "hvd": lambda: GatePolicy(gate, gate.rule)}[mode]()
+              "cache_only": lambda: GatePolicy(gate, DecisionRule(-math.inf, gate.rule.eagle_reserve), "cache_only"),
+              "hvd": lambda: GatePolicy(gate, gate.rule)}[mode]()
     drafter = create_drafter("native", drafter_config)
     result = simulate(records, drafter, [policy], model, prefill_first=True)
     out = {name: s.policy(policy.name).to_json() for name, s in result.sources.items()}
