@@ -15,9 +15,11 @@ from sglang_hvd.serving.recorder import TraceRecorder
 from sglang_hvd.policy import DecisionRule, RowPlan
 from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.engine import iter_serving
+from sglang_hvd.replay.fleet import serve_fleet
 from sglang_hvd.replay.policies import GatePolicy
 from sglang_hvd.serving.stepper import HVDStepper
-from sglang_hvd.trace import iter_traces
+from sglang_hvd.features import FeatureExtractor
+from sglang_hvd.trace import TokenizerId, TraceRecord, iter_traces, token_array
 from sglang_hvd.verify import Eagle3Stream, VerifyShape
 
 
@@ -54,39 +56,11 @@ class FailingGate:
 
 
 def serve(records, stepper, model: VerifyModel, concurrency=4, log=None):
-    """A toy serving loop over the stepper: each verify emits what replay's VerifyModel
-    says of the row's plan (the same yield model replay uses), EAGLE3 rows from one
-    Eagle3Stream per request. Returns the emitted outputs by request; ``log`` collects
-    (req_id, pos, plan, predicted) of every row."""
-    queue = list(records)
-    running, emitted, streams = {}, {}, {}
-    topk1 = not model.shape.allows_branches
-    while queue or running:
-        while queue and len(running) < concurrency:
-            r = queue.pop(0)
-            running[r.req_id], emitted[r.req_id], streams[r.req_id] = r, [], Eagle3Stream()
-        rids = list(running)
-        for rid in rids:
-            stepper.sync(rid, running[rid].prompt_ids, emitted[rid])
-        plans = stepper.decide(rids)
-        accepts, eagle_rows = [], np.zeros((len(rids), model.shape.draft_nodes), dtype=np.int32)
-        for i, rid in enumerate(rids):
-            truth = running[rid].output_ids[len(emitted[rid]):].tolist()
-            plan = plans.plan(i)
-            if log is not None:
-                log.append((rid, len(emitted[rid]), plan, float(plans.predicted[i])))
-            lcp = accept_len(plans.cache_tokens[i, : plan.cache_len].tolist(), truth)
-            out = min(model.out_len(plan, lcp, streams[rid]), len(truth))
-            eagle_rows[i, 0] = truth[0]  # an EAGLE3 chain that gets its first token right (topk 1 traces)
-            accepts.append(out - 1)
-            emitted[rid].extend(truth[:out])
-        stepper.verified(rids, accepts, eagle_rows if topk1 else None)
-        for rid in rids:
-            if len(emitted[rid]) == len(running[rid].output_ids):
-                stepper.sync(rid, running[rid].prompt_ids, emitted[rid])
-                stepper.finish(rid)
-                del running[rid]
-    return emitted
+    """Fleet replay (replay/fleet.py) of ``records``, each its own conversation; returns
+    what each request emitted. ``log`` collects (req_id, pos, plan, predicted) of every
+    verified row."""
+    on_step = None if log is None else (lambda s: log.append((s.req_id, s.pos, s.plan, s.predicted)))
+    return serve_fleet([[r] for r in records], stepper, model, concurrency, on_step=on_step).emitted
 
 
 @pytest.fixture
@@ -115,7 +89,7 @@ def test_stepper_serves_losslessly_and_records_replayable_traces(demo_dir, demo_
         got = back[r.req_id]
         assert got.prompt_ids.tolist() == r.prompt_ids.tolist() and got.output_ids.tolist() == r.output_ids.tolist()
         # Every step's accepted prefix is, by the trace reader's own check, the emitted text.
-        assert {s.src for s in got.steps} <= {"cache", "eagle3"} and got.steps[0].pos == 0
+        assert {s.src for s in got.steps} <= {"cache", "eagle3"} and got.steps[0].pos == 1  # token 0: the prefill
         assert all(b.pos == a.pos + a.accept_len + 1 for a, b in zip(got.steps, got.steps[1:]))
     assert stepper.running() == []
 
@@ -130,7 +104,7 @@ def test_server_and_replay_make_the_same_decisions_step_by_step(demo_dir, demo_g
     serve(records, stepper, model, concurrency=1, log=served)
     policy = GatePolicy(demo_gate, demo_gate.rule)
     replayed = [(s.req_id, s.pos, s.plan) for s in iter_serving(records, create_drafter("python", demo_gate.drafter_config),
-                                                                   [policy], model)]
+                                                                   [policy], model, prefill_first=True) if s.pos]
     assert len(served) == len(replayed) > 1000  # verify steps of 60 requests
     assert [(rid, pos, plan) for rid, pos, plan, _ in served] == replayed
     # Same predictions, bit for bit, for every judged draft.
@@ -179,18 +153,17 @@ def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
     assert not d.use_cache[0] and d.plan(0) == RowPlan(0, 3)
 
 
+class Sure:  # a gate that always predicts a long accepted run
+    rule = DecisionRule(threshold=1.0, eagle_reserve=3)
+
+    def __init__(self, extractor):
+        self.extractor = extractor
+
+    def predict(self, x):
+        return np.full(len(x), 9.0, dtype=np.float32)
+
+
 def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
-    class Sure:  # a gate that always predicts a long accepted run
-        rule = DecisionRule(threshold=1.0, eagle_reserve=3)
-
-        def __init__(self, extractor):
-            self.extractor = extractor
-
-        def predict(self, x):
-            return np.full(len(x), 9.0, dtype=np.float32)
-
-    from sglang_hvd.features import FeatureExtractor
-
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
     st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0)), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
                     VerifyShape(2, 3, 8), recorder=rec)
@@ -211,3 +184,36 @@ def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
     assert [(s.pos, s.src, s.draft, s.accept_len) for s in r.steps][0] == (0, "eagle3", (7, 8), 2)
     s = st.summary()
     assert (s["eagle3_branch_wins"], s["rows"]) == (1, 2) and s["two_branch_rate"] > 0
+
+
+def test_fleet_serves_turns_in_order_and_drafts_only_from_finished_requests():
+    def rec(conv: str, turn: int, prompt: list[int], out: list[int]) -> TraceRecord:
+        return TraceRecord(f"{conv}/{turn}", conv, turn, "s", TokenizerId("t", "d"), token_array(prompt), token_array(out))
+
+    out = list(range(1000, 1060))  # no token repeats: a cache draft can only come from another response
+    prompt = list(range(2000, 2030))
+    convs = [[rec("a", 0, prompt, out), rec("a", 1, prompt + out + [7], [5, 6])], [rec("b", 0, prompt, out)]]
+    model = VerifyModel(VerifyShape(1, 3, 4))
+
+    def run(concurrency: int):
+        st = HVDStepper(create_drafter("python", DrafterConfig()), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
+                        model.shape, rule=DecisionRule(-np.inf, 0))
+        steps = []
+        result = serve_fleet(convs, st, model, concurrency, policy="x", on_step=steps.append)
+        return result, steps, st
+
+    for concurrency in (1, 2):
+        result, steps, st = run(concurrency)
+        assert result.emitted == {"a/0": out, "a/1": [5, 6], "b/0": out}
+        assert st.running() == []
+        order = [s.req_id for s in steps]
+        assert max(i for i, r in enumerate(order) if r == "a/0") < min(i for i, r in enumerate(order) if r == "a/1")
+        tally = result.sources["s"].policy("x")
+        assert (result.sources["s"].requests, result.sources["s"].tokens, tally.tokens) == (3, 122, 122)
+        b_cache = [s for s in steps if s.req_id == "b/0" and s.plan.cache_len]
+        if concurrency == 1:  # b starts after a finished: a's response is in the global cache
+            assert b_cache and len([s for s in steps if s.req_id == "b/0"]) < 25
+            assert max(result.batch_sizes) == 1
+        else:  # a and b in flight together: neither drafts from the other
+            assert not b_cache and not [s for s in steps if s.req_id == "a/0" and s.plan.cache_len]
+            assert max(result.batch_sizes) == 2

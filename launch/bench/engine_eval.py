@@ -8,7 +8,9 @@ this script with that interpreter, from the repository root). For each mode it s
 real SGLang 0.5.23 server on the CPU harness (tests/sglang_cpu) whose target is the
 trace oracle: its greedy output *is* the recorded conversations, and its EAGLE3 draft
 is a stand-in run by SGLang's own EAGLE3 worker that proposes the recorded tokens with a
-seeded error model calibrated to the EAGLE3 curve (tests/sglang_cpu/stubs/hvd_trace_oracle).
+seeded error model calibrated to the EAGLE3 curve: exactly on chains, and at topk > 1 by
+its runner-up probability so that its tree yields the curve's tokens at N-1 nodes
+(tests/sglang_cpu/trace_oracle.py, stubs/hvd_trace_oracle).
 Each conversation's turns are sent in order, ``--concurrency`` conversations at a time
 (a fleet of agents). Per mode and source it reports the served cycles per 1,000 output
 tokens (per request: the prefill forward plus ``spec_verify_ct`` verifies), replay's
@@ -23,10 +25,10 @@ Modes:
                EAGLE3's row; replay runs the same decision
   hvd          HVD with the gate's own decision rule
 
-Replay runs requests one after another (its global cache holds every earlier request);
-the engine's holds only requests that have finished. With ``--concurrency 1`` the two
-orders agree; above it, cache drafts differ where a conversation's earlier turn or a
-sibling trial is still running.
+Replay's side is fleet replay (sglang_hvd/replay/fleet.py): the same conversations, the
+same concurrency, the serving stepper deciding each batch, a request entering the
+global cache when it finishes, as in the server. The JSON also holds sequential replay
+(every request after the one before, as `hvd replay` runs) for comparison.
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ from sglang_hvd.gate import Gate  # noqa: E402
 from sglang_hvd.replay.acceptance import VerifyModel  # noqa: E402
 from sglang_hvd.policy import DecisionRule  # noqa: E402
 from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy  # noqa: E402
+from sglang_hvd.replay.fleet import conversations_of, serve_fleet  # noqa: E402
 from sglang_hvd.replay.simulate import simulate  # noqa: E402
+from sglang_hvd.serving.stepper import HVDStepper  # noqa: E402
 from sglang_hvd.trace import iter_traces  # noqa: E402
 from sglang_hvd.verify import Eagle3Curve, VerifyShape  # noqa: E402
 from tests.sglang_cpu import harness  # noqa: E402
-from tests.sglang_cpu.trace_oracle import ORACLE_ARGS, ORACLE_ENV, DraftErrorModel, write_oracle_models  # noqa: E402
+from tests.sglang_cpu.trace_oracle import ORACLE_ARGS, ORACLE_ENV, calibrated_draft_model, write_oracle_models  # noqa: E402
 
 MODES = ("greedy", "eagle3_only", "cache_only", "hvd")
 GATED = ("cache_only", "hvd")
@@ -73,19 +77,13 @@ class Tally:
                 "tokens": self.tokens, "cycles": self.cycles}
 
 
-def conversations(records, limit: int | None) -> list[list]:
-    """Records grouped by conversation in file order, turns in order; ``limit``: the first
-    N conversations of each source."""
-    convs: dict[str, list] = collections.OrderedDict()
-    for r in records:
-        convs.setdefault(r.conv_id, []).append(r)
+def first_conversations(records, limit: int | None) -> list[list]:
+    """Conversations in file order, turns in order; ``limit``: the first N of each source."""
     kept, per_source = [], collections.Counter()
-    for turns in convs.values():
-        source = turns[0].source
-        if limit is not None and per_source[source] >= limit:
-            continue
-        per_source[source] += 1
-        kept.append(sorted(turns, key=lambda r: r.turn))
+    for turns in conversations_of(records):
+        per_source[turns[0].source] += 1
+        if limit is None or per_source[turns[0].source] <= limit:
+            kept.append(turns)
     return kept
 
 
@@ -153,17 +151,28 @@ def engine_tallies(records, results, mode: str) -> tuple[dict, list]:
     return {k: v.to_json() for k, v in by_source.items()}, mismatches
 
 
-def replay(records, mode: str, gate, model: VerifyModel, drafter_config) -> dict:
-    # cache_only is the served decision at threshold -inf: at topk > 1 a short cache draft
-    # leaves the rest of the row to EAGLE3 (a two-branch row), as the server does
-    policy = {"greedy": lambda: Greedy(), "eagle3_only": lambda: Eagle3Only(),
-              "cache_only": lambda: GatePolicy(gate, DecisionRule(-math.inf, gate.rule.eagle_reserve), "cache_only"),
-              "hvd": lambda: GatePolicy(gate, gate.rule)}[mode]()
-    drafter = create_drafter("native", drafter_config)
-    result = simulate(records, drafter, [policy], model, prefill_first=True)
-    out = {name: s.policy(policy.name).to_json() for name, s in result.sources.items()}
-    out["overall"] = result.overall.policy(policy.name).to_json()
-    return out
+def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_config, concurrency: int) -> dict:
+    """Replay's prediction for the served order: fleet replay (the serving stepper, the
+    same conversations ``concurrency`` at a time; cache_only is the served decision at
+    threshold -inf, eagle3_only the stepper without a gate) and, for reference,
+    sequential replay (every request after the one before)."""
+    records = [r for turns in convs for r in turns]
+    if mode == "greedy":
+        result = simulate(records, create_drafter("native", drafter_config), [Greedy()], model, prefill_first=True)
+        out = {name: s.policy("greedy").to_json() for name, s in result.sources.items()}
+        out["overall"] = result.overall.policy("greedy").to_json()
+        return {"fleet": out, "sequential": out}
+    rule = {"eagle3_only": None, "cache_only": DecisionRule(-math.inf, gate.rule.eagle_reserve) if gate else None,
+            "hvd": gate.rule if gate else None}[mode]
+    stepper = HVDStepper(create_drafter("native", drafter_config), gate if mode != "eagle3_only" else None,
+                         model.shape, rule=rule)
+    fleet = serve_fleet(convs, stepper, model, concurrency, policy=mode).to_json(mode)
+    policy = {"eagle3_only": lambda: Eagle3Only(), "cache_only": lambda: GatePolicy(gate, rule, "cache_only"),
+              "hvd": lambda: GatePolicy(gate, rule)}[mode]()
+    result = simulate(records, create_drafter("native", drafter_config), [policy], model, prefill_first=True)
+    sequential = {name: s.policy(policy.name).to_json() for name, s in result.sources.items()}
+    sequential["overall"] = result.overall.policy(policy.name).to_json()
+    return {"fleet": fleet, "sequential": sequential}
 
 
 def main(argv=None) -> int:
@@ -215,11 +224,14 @@ def main(argv=None) -> int:
     shape = model.shape
     sources = {s.strip() for s in a.sources.split(",")} if a.sources else None
     records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources]
-    convs = conversations(records, a.limit_conversations)
+    convs = first_conversations(records, a.limit_conversations)
     if not convs:
         p.error("no conversations to serve (check TRACES and --sources)")
     work = a.work_dir or tempfile.mkdtemp(prefix="hvd_engine_eval_")
-    draft_model = DraftErrorModel.from_curve([model.eagle3.tokens(k) for k in range(1, shape.steps + 1)], seed=a.draft_seed)
+    if shape.topk > 1:
+        print(f"engine_eval: calibrating the EAGLE3 stand-in's tree to {model.eagle3.tokens(shape.draft_nodes):.3g} tokens "
+              f"per verify at {shape.draft_nodes} nodes (~20 s)", file=sys.stderr)
+    draft_model = calibrated_draft_model(model.eagle3, shape.topk, shape.steps, shape.nodes, seed=a.draft_seed)
     models = write_oracle_models(os.path.join(work, "models"), [r for turns in convs for r in turns], draft_model)
     dropped = set(models.report.dropped)
     convs = [[r for r in turns if r.req_id not in dropped] for turns in convs]
@@ -228,7 +240,9 @@ def main(argv=None) -> int:
     total_tokens = sum(len(r.output_ids) for r in served)
     print(f"engine_eval: {len(convs)} conversations, {len(served)} requests, {total_tokens:,} output tokens; "
           f"verify {shape.describe()}, EAGLE3 curve {model.eagle3.text()}; "
-          f"{len(dropped)} requests dropped (a prefix another recording continues differently)", file=sys.stderr)
+          f"{len(dropped)} requests dropped (a prefix another recording continues differently); EAGLE3 stand-in: "
+          f"per-depth accuracy {', '.join(f'{q:.3f}' for q in draft_model.accept_probs)}, "
+          f"runner-up {draft_model.runner_up_prob:g}", file=sys.stderr)
 
     report = {"settings": {"traces": a.traces, "modes": modes, "gate": a.gate, "shape": shape.to_json(),
                            "eagle3_curve": model.eagle3.text(), "concurrency": a.concurrency,
@@ -254,16 +268,20 @@ def main(argv=None) -> int:
         finally:
             server.stop()
         engine, mismatches = engine_tallies(served, results, mode)
-        predicted = replay(served, mode, gate, model, drafter_config)
+        predicted = replay(convs, mode, gate, model, drafter_config, a.concurrency)
+        fleet, sequential = predicted["fleet"], predicted["sequential"]
         hvd_state = next((s.get("hvd") for s in info.get("internal_states", []) if isinstance(s, dict) and s.get("hvd")), None)
         report["modes"][mode] = {
-            "engine": engine["overall"], "replay": {"cycles_per_1k": predicted["overall"]["cycles_per_1k"]},
-            "ratio": engine["overall"]["cycles_per_1k"] / max(predicted["overall"]["cycles_per_1k"], 1e-9),
+            "engine": engine["overall"], "replay": {"cycles_per_1k": fleet["overall"]["cycles_per_1k"],
+                                                    "sequential_cycles_per_1k": sequential["overall"]["cycles_per_1k"]},
+            "ratio": engine["overall"]["cycles_per_1k"] / max(fleet["overall"]["cycles_per_1k"], 1e-9),
             "lossless": not mismatches, "mismatches": mismatches[:20], "num_mismatches": len(mismatches),
-            "sources": {s: {"engine": engine[s], "replay": predicted[s]} for s in engine if s != "overall"},
+            "sources": {s: {"engine": engine[s], "replay": fleet[s], "replay_sequential": sequential[s]}
+                        for s in engine if s != "overall"},
             "server_hvd": hvd_state, "seconds": time.time() - started,
         }
-    print(f"\n{'mode':<12} {'source':<12} {'engine c/1k':>11} {'replay c/1k':>11} {'ratio':>6}  lossless")
+    print(f"\n{'mode':<12} {'source':<12} {'engine c/1k':>11} {'replay c/1k':>11} {'ratio':>6}  lossless"
+          "   (replay: fleet replay at the same concurrency)")
     for mode, m in report["modes"].items():
         for s, v in sorted(m["sources"].items()) + [("overall", {"engine": m["engine"], "replay": m["replay"]})]:
             e, r = v["engine"]["cycles_per_1k"], v["replay"]["cycles_per_1k"]

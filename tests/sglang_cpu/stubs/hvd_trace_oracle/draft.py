@@ -10,11 +10,8 @@ from torch import nn
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
-from .table import HASH_FLOATS, DraftErrorModel, OracleTable, decode, roll
-from .target import LOGIT_OFF, hidden_rows
-
-RANK_LOGITS = (0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0)  # first choice most likely
-WRONG_TOKEN_SPAN = 151643  # wrong proposals stay among Qwen3's ordinary tokens
+from .table import HASH_FLOATS, LOGIT_OFF, RANK_LOGITS, WRONG_TOKEN_SPAN, DraftErrorModel, OracleTable, decode, roll
+from .target import hidden_rows
 
 
 class HvdTraceOracleEagle3(nn.Module):

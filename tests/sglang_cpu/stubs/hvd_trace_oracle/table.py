@@ -23,6 +23,9 @@ B = np.uint64(0x9E3779B97F4A7C15)
 B_INV = np.uint64(pow(0x9E3779B97F4A7C15, -1, 1 << 64))
 SEED = np.uint64(0x2545F4914F6CDD1D)
 FILLER = 0  # the next token of every prefix the traces do not hold
+LOGIT_ON, LOGIT_OFF = 0.0, -30.0  # the target's logits: its next token, every other token
+RANK_LOGITS = (0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0)  # the stand-in draft's, by rank
+WRONG_TOKEN_SPAN = 151643  # the stand-in's wrong proposals stay among Qwen3's ordinary tokens
 HASH_FLOATS = 4  # a hash as 4 x 16-bit float32 values
 _MASK16 = np.uint64(0xFFFF)
 

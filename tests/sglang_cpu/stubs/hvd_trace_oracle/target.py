@@ -9,9 +9,8 @@ from torch import nn
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 
-from .table import HASH_FLOATS, SEED, OracleTable, chain, decode, draft_blocks, encode, roll, row_hashes
+from .table import HASH_FLOATS, LOGIT_OFF, LOGIT_ON, SEED, OracleTable, chain, decode, draft_blocks, encode, roll, row_hashes
 
-LOGIT_ON, LOGIT_OFF = 0.0, -30.0
 
 
 def one_hot_logits(tokens: np.ndarray, vocab: int) -> torch.Tensor:
