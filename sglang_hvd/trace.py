@@ -105,11 +105,15 @@ def _ids(obj: dict, key: str, *, allow_empty: bool) -> np.ndarray:
         raise _Invalid(f"'{key}' must be a list of token ids, got {type(value).__name__}")
     if not value and not allow_empty:
         raise _Invalid(f"'{key}' is empty")
+    limit = np.iinfo(np.int32).max
     arr = np.asarray(value) if value else np.zeros(0, dtype=np.int64)
+    if arr.dtype == object or (arr.dtype.kind in "iu" and arr.size and (arr.min() < 0 or arr.max() > limit)):
+        # name the first id out of range (ids too big for int64 make an object array)
+        i = next((i for i, v in enumerate(value) if type(v) is int and not 0 <= v <= limit), None)
+        if i is not None:
+            raise _Invalid(f"'{key}'[{i}] = {value[i]} is not a token id (ids lie in [0, 2^31))")
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise _Invalid(f"'{key}' must hold non-negative integers only")
-    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
-        raise _Invalid(f"'{key}' holds a token id outside [0, 2^31)")
     out = arr.astype(np.int32)
     out.flags.writeable = False
     return out
