@@ -88,3 +88,27 @@ def test_cli_usage_and_unknown_command(capsys):
     assert "synth" in usage and "import" in usage and "stats" in usage
     assert hvd(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
+
+
+def test_progress_off_a_terminal_is_a_line_every_few_seconds():
+    import io
+
+    from sglang_hvd.report import LineProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = LineProgress(total=40, desc="import", unit="conv", every_s=5.0, stream=out, clock=lambda: now[0])
+    with bar:
+        for _ in range(40):
+            now[0] += 0.5
+            bar.update(1)
+    assert out.getvalue().splitlines() == [
+        "import: 10/40 conv (25%), 5 s, ~15 s left",
+        "import: 20/40 conv (50%), 10 s, ~10 s left",
+        "import: 30/40 conv (75%), 15 s, ~5 s left",
+        "import: 40/40 conv (100%), 20 s, done",
+    ]
+    quiet = io.StringIO()  # shorter than a period: nothing at all
+    with LineProgress(range(3), desc="x", stream=quiet, clock=lambda: 0.0) as it:
+        assert list(it) == [0, 1, 2]
+    assert quiet.getvalue() == ""
