@@ -94,6 +94,12 @@ def main(args: argparse.Namespace) -> int:
         t = records[0].tokenizer
         raise HvdInputError(f"the traces were tokenized with {t.name}@{t.digest}, but --tokenizer {args.tokenizer} is "
                             f"{tokenizer.identity.name}@{tokenizer.identity.digest}; pass the tokenizer used by `hvd import`")
+    flags = tokenizer.token_flags()
+    for r in records:  # the digest matched; ids past its vocabulary mean edited or foreign traces
+        top = int(max(r.prompt_ids.max(initial=0), r.output_ids.max(initial=0)))
+        if top >= len(flags):
+            raise HvdInputError(f"request {r.req_id}: token id {top} is beyond the vocabulary of --tokenizer "
+                                f"{args.tokenizer} ({len(flags):,} ids); re-import the conversations with it")
     try:
         hidden = tuple(int(h) for h in args.hidden.split(","))
         opts = TrainOptions(
@@ -106,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
             threshold=args.threshold, eagle_reserve=args.eagle_reserve, gate_thresholds=args.gate_thresholds,
             rule_thresholds=args.rule_thresholds,
         )
-        metrics = train_gate(records, tokenizer.token_flags(), tokenizer.identity, args.output, opts)
+        metrics = train_gate(records, flags, tokenizer.identity, args.output, opts)
     except ValueError as e:
         raise HvdInputError(str(e)) from None
     except FileExistsError as e:

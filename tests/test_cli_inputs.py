@@ -96,3 +96,19 @@ def test_a_closed_pipe_ends_quietly(synth_traces):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+def test_train_refuses_token_ids_beyond_the_tokenizers_vocabulary(synth_traces, synth_dir, tmp_path, capsys):
+    pytest.importorskip("torch", reason="hvd train needs the train extra")
+    import json
+
+    lines = open(synth_traces).read().splitlines()
+    rec = json.loads(lines[1])
+    rec["output_ids"][2] = 10**6  # same tokenizer digest, an id no tokenizer of this size has
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text("\n".join([lines[0], json.dumps(rec), *lines[2:]]) + "\n")
+    out = tmp_path / "gate"
+    assert hvd(["train", str(edited), "--tokenizer", os.path.join(synth_dir, "tokenizer"), "-o", str(out)]) == 2
+    err = one_line_error(capsys, "train")
+    assert f"request {rec['req_id']}: token id 1000000 is beyond the vocabulary of --tokenizer" in err
+    assert "re-import the conversations with it" in err and not out.exists()
