@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from sglang_hvd.cli.common import (GATE_FOLDER, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
+from sglang_hvd.cli.common import (add_examples, GATE_FOLDER, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
                                    non_negative_int, positive_int)
 from sglang_hvd.cli.options import (add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags,
                                     verify_model_from_flags)
@@ -42,24 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="GATE_DIR", help="gate directory to write")
     p.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="the tokenizer the traces were made with (for token structure features; its digest must match)")
-    p.add_argument("--validation-fraction", type=float, default=0.2, help="share of conversations for validation (default: %(default)s)")
-    p.add_argument("--test-fraction", type=float, default=0.0,
+    p.add_argument("--validation-fraction", type=float, metavar="F", default=0.2, help="share of conversations for validation (default: %(default)s)")
+    p.add_argument("--test-fraction", type=float, metavar="F", default=0.0,
                    help="share of conversations held out entirely, for `hvd eval --held-out` (default: %(default)s)")
     p.add_argument("--split-by", choices=GROUPINGS, default="conversation",
                    help="what the split keeps on one side: conversation, or task (conversations of the same task: "
                         "tau-bench trials of one task, SWE-agent runs of one instance), to measure generalisation to "
                         "unseen tasks (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and of training (default: %(default)s)")
+    p.add_argument("--seed", type=int, metavar="N", default=0, help="seed of the split and of training (default: %(default)s)")
     p.add_argument("--rows", choices=("dense", "serving"), default="serving",
                    help="training rows: dense = a draft at every output position (the paper's mode); serving = the "
                         "drafts met at the positions serving walks visit (default: %(default)s)")
-    p.add_argument("--hidden", default="64,64",
+    p.add_argument("--hidden", metavar="W1,W2", default="64,64",
                    help="hidden layer sizes of the MLP; 2x64 scores like 2x256 here at a quarter of the latency (default: %(default)s)")
-    p.add_argument("--epochs", type=positive_int, default=40, help="most training epochs (default: %(default)s)")
-    p.add_argument("--patience", type=positive_int, default=4, help="stop after this many epochs without validation gain (default: %(default)s)")
-    p.add_argument("--batch-size", type=positive_int, default=512, help="minibatch size (default: %(default)s)")
-    p.add_argument("--learning-rate", type=float, default=1e-3, help="Adam learning rate (default: %(default)s)")
-    p.add_argument("--threshold", type=float, help="fixed decision threshold on predicted accept_len (default: calibrated)")
+    p.add_argument("--epochs", type=positive_int, metavar="N", default=40, help="most training epochs (default: %(default)s)")
+    p.add_argument("--patience", type=positive_int, metavar="N", default=4, help="stop after this many epochs without validation gain (default: %(default)s)")
+    p.add_argument("--batch-size", type=positive_int, metavar="N", default=512, help="minibatch size (default: %(default)s)")
+    p.add_argument("--learning-rate", type=float, metavar="LR", default=1e-3, help="Adam learning rate (default: %(default)s)")
+    p.add_argument("--threshold", type=float, metavar="T", help="fixed decision threshold on predicted accept_len (default: calibrated)")
     p.add_argument("--eagle-reserve", type=non_negative_int, metavar="M",
                    help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
     p.add_argument("--gate-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_skip_invalid_flag(p)
     add_json_flag(p)
     declare_outputs(p, output=GATE_FOLDER)
+    add_examples(
+        p,
+        'hvd train dev.jsonl.gz --tokenizer QWEN3_DIR -o gate --split-by task --test-fraction 0.2',
+        'hvd train dev.jsonl.gz --tokenizer QWEN3_DIR -o gate1 --verify-topk 1 --verify-steps 3 --verify-nodes 4',
+    )
     return p
 
 

@@ -112,3 +112,23 @@ def test_train_refuses_token_ids_beyond_the_tokenizers_vocabulary(synth_traces, 
     err = one_line_error(capsys, "train")
     assert f"request {rec['req_id']}: token id 1000000 is beyond the vocabulary of --tokenizer" in err
     assert "re-import the conversations with it" in err and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["synth", "import", "collect", "stats", "replay", "train", "demo", "eval"])
+def test_every_help_shows_examples_that_parse(name, capsys):
+    import importlib
+    import sys
+
+    from sglang_hvd.cli.common import help_examples
+    from sglang_hvd.cli.main import COMMANDS, command
+
+    module = COMMANDS[name][0]
+    if module is None:
+        pytest.importorskip("torch", reason="hvd train needs the train extra")
+    parser = importlib.import_module(module or sys.modules[command(name).__module__].__name__).build_parser()
+    examples = help_examples(parser)
+    assert len(examples) >= 1
+    assert "examples:\n  hvd " + name in parser.format_help()
+    for argv in examples:
+        parser.parse_args(argv)  # exits 2 on an unknown flag or a bad value
+    assert capsys.readouterr().err == ""

@@ -12,7 +12,7 @@ from ..importer import THINKING_MODES, ImportOptions
 from ..jsonl import write_json
 from ..report import format_table, progress
 from ..tokenizer import ChatTokenizer
-from .common import FILE, add_json_flag, cli_entry, declare_outputs, positive_int
+from .common import add_examples, FILE, add_json_flag, cli_entry, declare_outputs, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,14 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", required=True, metavar="URL", help="SGLang server, e.g. http://127.0.0.1:30000")
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="the served model's tokenizer folder")
     p.add_argument("-o", "--output", required=True, metavar="TRACES", help="trace file to write (.jsonl)")
-    p.add_argument("--concurrency", type=positive_int, default=8, help="requests in flight (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=2048, help="generation limit per request (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request before a retry (default: %(default)s)")
-    p.add_argument("--retries", type=int, default=5, help="retries per request, with exponential backoff (default: %(default)s)")
+    p.add_argument("--concurrency", type=positive_int, metavar="N", default=8, help="requests in flight (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=positive_int, metavar="N", default=2048, help="generation limit per request (default: %(default)s)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", default=600.0, help="seconds per request before a retry (default: %(default)s)")
+    p.add_argument("--retries", type=int, metavar="N", default=5, help="retries per request, with exponential backoff (default: %(default)s)")
     p.add_argument("--thinking", choices=THINKING_MODES, default="auto", help="template thinking mode, as in hvd import (default: %(default)s)")
     p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N conversations of each file")
     add_json_flag(p)
     declare_outputs(p, output=FILE)
+    add_examples(
+        p,
+        'hvd collect chats.jsonl --server http://127.0.0.1:30000 --tokenizer MODEL_DIR -o served.jsonl.gz --concurrency 16',
+    )
     return p
 
 

@@ -98,6 +98,27 @@ def check_output(path: str, kind: str, flag: str) -> None:
         raise HvdInputError(f"{where}: cannot write in {probe} ({e.strerror or e}); choose another path") from None
 
 
+class _ExamplesFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that the examples epilog keeps one command per line."""
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith("examples:"):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+def add_examples(parser: argparse.ArgumentParser, *commands: str) -> None:
+    """Show ``commands`` under "examples:" at the end of ``--help`` (tests parse each one)."""
+    parser.epilog = "examples:\n" + "\n".join(f"  {c}" for c in commands)
+    parser.formatter_class = _ExamplesFormatter
+
+
+def help_examples(parser: argparse.ArgumentParser) -> list[list[str]]:
+    """The argv (after ``hvd COMMAND``) of every example in ``parser``'s help."""
+    lines = (parser.epilog or "").splitlines()[1:]
+    return [line.split()[2:] for line in lines if line.strip()]
+
+
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     declare_outputs(parser, json=FILE)

@@ -14,7 +14,7 @@ import time
 
 from ..errors import HvdInputError
 from ..jsonl import write_json
-from .common import FOLDER, add_json_flag, cli_entry, declare_outputs, positive_int
+from .common import add_examples, FOLDER, add_json_flag, cli_entry, declare_outputs, positive_int
 from .main import command
 
 
@@ -29,11 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("-o", "--output", default="hvd-demo", metavar="DIR", help="working folder (default: %(default)s)")
-    p.add_argument("--sessions", type=positive_int, default=160, help="synthetic sessions to generate (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the workload, split and training (default: %(default)s)")
-    p.add_argument("--epochs", type=positive_int, default=40, help="most training epochs (default: %(default)s)")
+    p.add_argument("--sessions", type=positive_int, metavar="N", default=160, help="synthetic sessions to generate (default: %(default)s)")
+    p.add_argument("--seed", type=int, metavar="N", default=0, help="seed of the workload, split and training (default: %(default)s)")
+    p.add_argument("--epochs", type=positive_int, metavar="N", default=40, help="most training epochs (default: %(default)s)")
     add_json_flag(p)
     declare_outputs(p, output=FOLDER)
+    add_examples(
+        p,
+        'hvd demo',
+        'hvd demo -o demo --sessions 80 --json demo.json',
+    )
     return p
 
 

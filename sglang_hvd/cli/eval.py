@@ -16,7 +16,7 @@ from ..replay.simulate import simulate
 from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, gate_metrics, sweep
 from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
-from .common import (FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
+from .common import (add_examples, FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
                      non_negative_int)
 from .options import add_verify_flags, verify_model_from_flags
 
@@ -39,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate", required=True, metavar="GATE_DIR", help="gate directory written by `hvd train`")
     p.add_argument("--held-out", action="store_true",
                    help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
-    p.add_argument("--threshold", type=float, help="override the gate's threshold on predicted accept_len")
+    p.add_argument("--threshold", type=float, metavar="T", help="override the gate's threshold on predicted accept_len")
     p.add_argument("--eagle-reserve", type=non_negative_int, metavar="M",
                    help="override the EAGLE3 nodes the gate's decision keeps beside a cache draft (topk > 1)")
-    p.add_argument("--rule-threshold", type=float, help="override the rule constant chosen at training")
+    p.add_argument("--rule-threshold", type=float, metavar="C", help="override the rule constant chosen at training")
     p.add_argument("--plot", metavar="PATH.png",
                    help="also sweep the threshold and plot precision/recall and cycles per 1k against it (needs matplotlib)")
     p.add_argument("--plot-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_skip_invalid_flag(p)
     add_json_flag(p)
     declare_outputs(p, plot=FILE)
+    add_examples(
+        p,
+        'hvd eval dev.jsonl.gz --gate gate --held-out',
+        'hvd eval dev.jsonl.gz --gate gate --held-out --eagle3-mean 1.75 --plot thresholds.png',
+    )
     return p
 
 

@@ -13,7 +13,7 @@ from ..jsonl import open_text, write_json
 from ..report import format_table, progress
 from ..tokenizer import ChatTokenizer
 from ..trace import TraceWriter
-from .common import FILE, add_json_flag, cli_entry, declare_outputs, positive_int
+from .common import add_examples, FILE, add_json_flag, cli_entry, declare_outputs, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=positive_int, metavar="N", help="import at most N conversations per file")
     add_json_flag(p)
     declare_outputs(p, output=FILE)
+    add_examples(
+        p,
+        'hvd import ../shared/data/conversations/*.jsonl --tokenizer QWEN3_DIR -o dev.jsonl.gz',
+        'hvd import chats.jsonl --tokenizer MODEL_DIR --source support -o support.jsonl.gz --json import.json',
+    )
     return p
 
 

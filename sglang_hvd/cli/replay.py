@@ -15,7 +15,7 @@ from ..replay.simulate import DraftQuality, dense_quality, simulate
 from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
 from ..errors import HvdInputError
-from .common import FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, positive_int
+from .common import add_examples, FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, positive_int
 from .options import add_drafter_flags, add_verify_flags, drafter_from_flags, verify_model_from_flags
 
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
     p.add_argument("--mode", choices=("serving", "dense"), default="serving",
                    help="serving: policy table; dense: draft quality at every position (default: %(default)s)")
-    p.add_argument("--policies", default=",".join(BASELINES),
+    p.add_argument("--policies", metavar="P1,P2", default=",".join(BASELINES),
                    help=f"comma-separated policies from {', '.join(POLICY_FACTORIES)} (default: %(default)s)")
     p.add_argument("--rule-threshold", default="1,3,6", metavar="C[,C...]",
                    help="score threshold(s) of the rule policy, one rule@C row each (default: %(default)s)")
@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_skip_invalid_flag(p)
     add_json_flag(p)
     declare_outputs(p, steps=FILE)
+    add_examples(
+        p,
+        'hvd replay dev.jsonl.gz',
+        'hvd replay dev.jsonl.gz --policies eagle3_only,cache_only,rule,oracle --verify-topk 1 --verify-steps 3 --verify-nodes 4',
+        'hvd replay dev.jsonl.gz --gate gate --policies hvd,oracle --json replay.json',
+        'hvd replay dev.jsonl.gz --mode dense',
+    )
     return p
 
 

@@ -9,7 +9,7 @@ from ..report import format_table, progress
 from ..stats import RepetitionProfiler
 from ..trace import ReadReport, iter_traces
 from ..errors import HvdInputError
-from .common import add_json_flag, add_skip_invalid_flag, cli_entry, positive_int
+from .common import add_examples, add_json_flag, add_skip_invalid_flag, cli_entry, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,9 +23,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
-    p.add_argument("--match-len", type=positive_int, default=4, help="match length of the repetition profile (default: %(default)s)")
+    p.add_argument("--match-len", type=positive_int, metavar="N", default=4, help="match length of the repetition profile (default: %(default)s)")
     add_skip_invalid_flag(p)
     add_json_flag(p)
+    add_examples(
+        p,
+        'hvd stats dev.jsonl.gz',
+        'hvd stats dev.jsonl.gz --match-len 8 --json stats.json',
+    )
     return p
 
 
