@@ -186,7 +186,7 @@ def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
     assert (s["eagle3_branch_wins"], s["rows"]) == (1, 2) and s["two_branch_rate"] > 0
 
 
-def test_fleet_serves_turns_in_order_and_drafts_only_from_finished_requests():
+def test_fleet_serves_turns_in_order_and_drafts_from_what_was_generated_before():
     def rec(conv: str, turn: int, prompt: list[int], out: list[int]) -> TraceRecord:
         return TraceRecord(f"{conv}/{turn}", conv, turn, "s", TokenizerId("t", "d"), token_array(prompt), token_array(out))
 
@@ -214,6 +214,6 @@ def test_fleet_serves_turns_in_order_and_drafts_only_from_finished_requests():
         if concurrency == 1:  # b starts after a finished: a's response is in the global cache
             assert b_cache and len([s for s in steps if s.req_id == "b/0"]) < 25
             assert max(result.batch_sizes) == 1
-        else:  # a and b in flight together: neither drafts from the other
+        else:  # a and b in flight together, in step: neither has generated what the other needs next
             assert not b_cache and not [s for s in steps if s.req_id == "a/0" and s.plan.cache_len]
             assert max(result.batch_sizes) == 2

@@ -5,8 +5,8 @@
 
 Runs the gate's hvd policy over the traces by sequential replay (``simulate`` with the
 first token from the prefill: every request after the one before) and by fleet replay
-(sglang_hvd/replay/fleet.py: conversations ``C`` at a time through the serving stepper, a
-request entering the global cache when it finishes) at each concurrency, in one process,
+(sglang_hvd/replay/fleet.py: conversations ``C`` at a time through the serving stepper,
+responses entering the global cache as they are generated) at each concurrency, in one process,
 and prints cycles per 1,000 tokens and seconds for each. Fleet replay at concurrency 1
 plans the same rows as sequential replay.
 """

@@ -26,8 +26,8 @@ Modes:
   hvd          HVD with the gate's own decision rule
 
 Replay's side is fleet replay (sglang_hvd/replay/fleet.py): the same conversations, the
-same concurrency, the serving stepper deciding each batch, a request entering the
-global cache when it finishes, as in the server. The JSON also holds sequential replay
+same concurrency, the serving stepper deciding each batch, responses entering the
+global cache as they are generated, as in the server. The JSON also holds sequential replay
 (every request after the one before, as `hvd replay` runs) for comparison.
 """
 

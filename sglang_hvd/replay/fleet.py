@@ -7,9 +7,10 @@ turn starting once the one before it finished (an agent waits for its reply). Ea
 request's first token comes from its prefill (one cycle, no draft); then every running
 request verifies one row per step, all in one batch, planned by one ``stepper.decide``
 call. A verify emits what replay's VerifyModel says of the row's plan (cache branch
-exact, EAGLE3 from one Eagle3Stream per request), capped at the recorded output. A
-finished request enters the global cache when it finishes, so requests in flight
-together do not draft from each other's responses, as in the server.
+exact, EAGLE3 from one Eagle3Stream per request), capped at the recorded output. Every
+response enters the global cache token by token as it is generated (the drafter's own
+rule, as in the server), so requests in flight together draft only from what the others
+have generated so far, where sequential replay sees every earlier response whole.
 
 With ``concurrency`` 1 this walks the requests in file order, as ``simulate`` with
 ``prefill_first`` does, and plans every row alike (tests/test_serving_core.py).
