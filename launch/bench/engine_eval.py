@@ -40,6 +40,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -194,6 +195,8 @@ def main(argv=None) -> int:
     p.add_argument("--work-dir", metavar="DIR", help="where the oracle models and server logs go (default: a temp dir)")
     p.add_argument("--json", metavar="OUT", help="write every figure here")
     a = p.parse_args(argv)
+    # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the running server is stopped too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
