@@ -20,6 +20,7 @@ of a step is logged once, counted, and that step verifies EAGLE3's rows.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from sglang.srt.runtime_context import get_observability, get_parallel
@@ -71,8 +72,9 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             except Exception as e:  # metrics are optional; serving is not
                 log.warning("HVD Prometheus metrics unavailable (%s)", e)
         if self.hvd is not None:
-            log.info("HVD worker active: gate %s (threshold %g, EAGLE3 reserve %d), verify rows of %s, drafter %s, "
-                     "recording %s", self.hvd_config.gate, self.hvd.threshold, self.hvd.rule.eagle_reserve,
+            log.info("HVD worker active: gate %s (digest %s, threshold %g, EAGLE3 reserve %d), verify rows of %s, "
+                     "drafter %s, recording %s", self.hvd_config.gate, self.hvd.gate.digest, self.hvd.threshold,
+                     self.hvd.rule.eagle_reserve,
                      self.hvd_shape.describe(), self.hvd.drafter.name, self.hvd_config.record_traces or "off")
 
     # -- the step ----------------------------------------------------------------------
@@ -194,4 +196,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
 
     def hvd_stats(self) -> dict:
         stats = self.hvd.summary() if self.hvd is not None else {}
-        return {**stats, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us}
+        gate = {}
+        if self.hvd is not None:  # what an operator compares across the replicas of a fleet
+            gate = {"gate_digest": self.hvd.gate.digest, "gate_threshold": self.hvd.rule.threshold,
+                    "gate_eagle_reserve": self.hvd.rule.eagle_reserve, "verify_shape": self.hvd_shape.describe()}
+        out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us}
+        # /server_info is strict JSON: a threshold of -inf (verify every cache draft) goes as "-inf"
+        return {k: repr(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in out.items()}

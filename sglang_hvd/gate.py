@@ -15,6 +15,8 @@ How predictions become row plans: policy.py.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 
 import numpy as np
@@ -24,6 +26,20 @@ from .gate_spec import GateError, GateSpec  # noqa: F401  (GateError: what a bad
 from .policy import DecisionRule
 
 INPUT_NAME, OUTPUT_NAME = "features", "accept_len"
+
+
+def gate_digest(model: str | bytes, spec: GateSpec, token_flags: np.ndarray) -> str:
+    """16 hex digits naming a gate's content (model, spec, token flags): every replica of a
+    fleet serving the same gate reports the same digest, whatever its path."""
+    h = hashlib.sha256()
+    if isinstance(model, (bytes, bytearray)):
+        h.update(model)
+    else:
+        with open(model, "rb") as f:
+            h.update(f.read())
+    h.update(json.dumps(spec.to_json(), sort_keys=True).encode())
+    h.update(np.ascontiguousarray(token_flags).tobytes())
+    return h.hexdigest()[:16]
 
 
 class Gate:
@@ -79,6 +95,7 @@ class Gate:
         if probe.shape != (2,) or not np.all(np.isfinite(probe)):
             raise GateError(f"{where}: gate.onnx returned {probe.shape} / non-finite values on a probe batch")
         self.extractor = FeatureExtractor(self.token_flags, self.drafter_config)
+        self.digest = gate_digest(model, spec, token_flags)
 
     @property
     def threshold(self) -> float:

@@ -216,3 +216,20 @@ def test_replay_runs_the_hvd_policy_with_a_gate_and_refuses_other_tokenizers(dem
         capsys.readouterr().err
     assert hvd(["replay", synth_traces, "--gate", gate, "--policies", "hvd"]) == 2  # another synth tokenizer (seed 7)
     assert "but the gate" in capsys.readouterr().err
+
+
+def test_a_gates_digest_names_its_content_not_its_path(tmp_path):
+    model, x = _tiny_model()
+    a, b = tmp_path / "a", tmp_path / "replica" / "b"
+    write_gate_dir(str(a), model, _spec(), np.zeros(10, dtype=np.uint16), x[:10])
+    shutil.copytree(a, b)
+    digest = Gate(str(a)).digest
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert Gate(str(b)).digest == digest  # another replica, the same gate
+    assert Gate(str(b), threshold=9.0).digest == digest  # a served override is reported beside it, not in it
+    spec = _spec().to_json()
+    spec["decision"]["threshold"] = spec["decision"]["threshold"] + 0.5
+    (b / "gate.json").write_text(json.dumps(spec))
+    assert Gate(str(b)).digest != digest  # a retrained / recalibrated gate
+    np.save(b / "token_flags.npy", np.ones(10, dtype=np.uint16))
+    assert Gate(str(b)).digest != digest

@@ -6,6 +6,8 @@ Needs the sglang extra; every test here is skipped without it.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import multiprocessing
 import os
 import types
@@ -250,6 +252,13 @@ def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify)
     assert w.hvd.running() == [] and w._hvd_reqs == {}
     stats = w.hvd_stats()
     assert stats["step_errors"] == 0 and stats["steps"] == 2 and stats["cache_pick_rate"] == 0.5  # a: cache, b: EAGLE3
+    assert stats["gate_digest"] == w.hvd.gate.digest and len(stats["gate_digest"]) == 16
+    assert (stats["gate_threshold"], stats["gate_eagle_reserve"]) == (w.hvd.rule.threshold, w.hvd.rule.eagle_reserve)
+    assert stats["verify_shape"] == w.hvd_shape.describe()
+    from sglang_hvd.policy import DecisionRule
+
+    w.hvd.rule = DecisionRule(-math.inf, 0)  # cache_only serving: /server_info must stay strict JSON
+    assert json.loads(json.dumps(w.hvd_stats(), allow_nan=False))["gate_threshold"] == "-inf"
     w.hvd.recorder.close()
     from sglang_hvd.trace import iter_traces
 

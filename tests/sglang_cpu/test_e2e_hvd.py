@@ -164,6 +164,14 @@ def test_hvd_output_equals_the_non_speculative_server(runs):
             assert _tokens(runs[name], round_) == want, f"{name} round {round_} differs; log: {runs[name]['log']}"
 
 
+def test_server_info_names_the_gate_for_fleet_checks(runs, qwen_gate):
+    from sglang_hvd.gate import Gate
+
+    stats = [s["hvd"] for s in runs["hvd"]["info"]["internal_states"] if "hvd" in s][0]
+    assert stats["gate_digest"] == Gate(qwen_gate).digest
+    assert (stats["gate_threshold"], stats["verify_shape"]) == (-1.0, "topk 1, steps 3, 4 nodes")
+
+
 def test_cache_drafts_lift_accept_length_when_the_cache_knows_the_answer(runs):
     eagle = _accept_length(runs["eagle3"], 1)
     hvd = _accept_length(runs["hvd"], 1)
