@@ -122,12 +122,13 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStep
         for i, rid in enumerate(rids):
             r, _, stream = running[rid]
             pos = len(emitted[rid])
-            truth = r.output_ids[pos:].tolist()
             plan = plans.plan(i)
-            lcp = accept_len(plans.cache_tokens[i, : plan.cache_len].tolist(), truth)
-            out = min(model.out_len(plan, lcp, stream), len(truth))
+            # a row verifies at most N-1 cache tokens: only that much of the recording is compared
+            lcp = accept_len(plans.cache_tokens[i, : plan.cache_len].tolist(),
+                             r.output_ids[pos : pos + plan.cache_len].tolist())
+            out = min(model.out_len(plan, lcp, stream), len(r.output_ids) - pos)
             sources[r.source].policy(policy).add_step(plan, out, lcp)
-            emitted[rid].extend(truth[:out])
+            emitted[rid].extend(r.output_ids[pos : pos + out].tolist())
             accepts[i] = out - 1
             if on_step is not None:
                 on_step(FleetStep(rid, pos, plan, float(plans.predicted[i]), out))

@@ -11,10 +11,10 @@ from torch import nn
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
 from .table import HASH_FLOATS, LOGIT_OFF, RANK_LOGITS, WRONG_TOKEN_SPAN, DraftErrorModel, OracleTable, decode, roll
-from .target import hidden_rows
+from .target import NoWeights, hidden_rows
 
 
-class HvdTraceOracleEagle3(nn.Module):
+class HvdTraceOracleEagle3(NoWeights, nn.Module):
     hot_token_id = None  # the draft's vocabulary is the target's
     load_lm_head_from_target = False
 
@@ -36,10 +36,6 @@ class HvdTraceOracleEagle3(nn.Module):
     def set_embed_and_head(self, embed, head) -> None:
         pass
 
-    def load_weights(self, weights) -> None:
-        for _ in weights:
-            pass
-
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, **kwargs):
         mode = forward_batch.forward_mode
@@ -48,9 +44,9 @@ class HvdTraceOracleEagle3(nn.Module):
             return LogitsProcessorOutput(next_token_logits=torch.zeros(0, self.vocab), hidden_states=torch.zeros(0, self.hidden))
         h_in = hs.detach().to("cpu").numpy()
         parent = decode(h_in[:, :HASH_FLOATS])
-        depth_in = np.rint(h_in[:, HASH_FLOATS]).astype(np.int64) if h_in.shape[1] == self.hidden else np.zeros(len(parent), np.int64)
+        # the target writes depth 0 there, the draft its own step's depth
+        depth = np.rint(h_in[:, HASH_FLOATS]).astype(np.int64) + 1
         hashes = roll(parent, input_ids.detach().to("cpu").numpy().astype(np.int64))
-        depth = depth_in + 1
         if mode.is_extend():  # EXTEND (after a prefill); not DRAFT_EXTEND_V2 (after a verify) nor DECODE
             rows = np.cumsum(list(forward_batch.extend_seq_lens_cpu)) - 1  # LogitsProcessor keeps each request's last row
         else:

@@ -29,7 +29,15 @@ def hidden_rows(hashes: np.ndarray, width: int, depth: np.ndarray | None = None)
     return torch.from_numpy(out)
 
 
-class HvdTraceOracleForCausalLM(nn.Module):
+class NoWeights:
+    """Both oracle models are served with --load-format dummy: no weights to read."""
+
+    def load_weights(self, weights) -> None:
+        for _ in weights:
+            pass
+
+
+class HvdTraceOracleForCausalLM(NoWeights, nn.Module):
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
         self.config = config
@@ -51,10 +59,6 @@ class HvdTraceOracleForCausalLM(nn.Module):
 
     def get_embed_and_head(self):
         return self.embed, self.head
-
-    def load_weights(self, weights) -> None:
-        for _ in weights:
-            pass
 
     # -- forward -------------------------------------------------------------------------
 
