@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compare EAGLE3, cache-only and HVD on the same requests (NOT RUN HERE: needs a GPU).
+# Compare EAGLE3, cache-only, the score rule and HVD on the same requests (NOT RUN HERE: needs a GPU).
 #
 #   GATE=gate CONVERSATIONS=convs.jsonl TOKENIZER=tok_dir bash launch/bench_modes.sh
 #
@@ -11,6 +11,8 @@
 #   eagle3      --hvd-disable (plain SGLang EAGLE3)
 #   cache_only  --hvd-threshold -1 --hvd-eagle-reserve 0 (every non-empty cache draft is
 #               verified; at topk > 1 EAGLE3 keeps the nodes a short cache draft leaves)
+#   rule        --hvd-score-rule C: a cache row when the cache draft's score >= C
+#               (RULE_SCORE, default the gate's calibrated rule_threshold from gate.json)
 #   hvd         the gate's calibrated threshold
 set -euo pipefail
 : "${GATE:?}" "${CONVERSATIONS:?}" "${TOKENIZER:?}"
@@ -19,10 +21,12 @@ CONCURRENCY=${CONCURRENCY:-16}
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 python "$(dirname "$0")/to_sharegpt.py" "$CONVERSATIONS" --tokenizer "$TOKENIZER" -o "$OUT/prompts.json"
-for mode in eagle3 cache_only hvd; do
+RULE_SCORE=${RULE_SCORE:-$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["rule_threshold"])' "$GATE/gate.json")}
+for mode in eagle3 cache_only rule hvd; do
   case $mode in
     eagle3) extra=(--hvd-disable) ;;
     cache_only) extra=(--hvd-threshold -1 --hvd-eagle-reserve 0) ;;
+    rule) extra=(--hvd-score-rule "$RULE_SCORE") ;;
     hvd) extra=() ;;
   esac
   GATE=$GATE PORT=$PORT bash "$(dirname "$0")/serve_qwen3_8b.sh" "${extra[@]}" > "$OUT/server-$mode.log" 2>&1 &

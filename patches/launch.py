@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hvd-gate", metavar="GATE_DIR", help="gate directory from `hvd train` (SGLANG_HVD_GATE); required")
     g.add_argument("--hvd-threshold", type=float, metavar="T",
                    help="verify the cache draft when the predicted accept length > T (SGLANG_HVD_THRESHOLD; default: the gate's)")
+    g.add_argument("--hvd-score-rule", type=float, metavar="C",
+                   help="decide by the score rule instead of the gate's prediction: a cache row when the cache draft's "
+                        "score (sum of its token probabilities) is >= C; the gate still sets the drafter settings, verify "
+                        "shape and EAGLE3 reserve; its gate.json rule_threshold is the best C found in training "
+                        "(SGLANG_HVD_SCORE_RULE; an A/B baseline)")
     g.add_argument("--hvd-eagle-reserve", type=int, metavar="M",
                    help="EAGLE3 draft nodes kept beside a cache draft in a tree row (SGLANG_HVD_EAGLE_RESERVE; default: the gate's)")
     g.add_argument("--hvd-drafter", choices=("native", "python"),
@@ -66,7 +71,7 @@ def config_from_args(args: argparse.Namespace) -> HVDServingConfig:
                       ("max_depth", "max_spec_tokens", "min_token_prob", "global_max_tokens")
                       if getattr(args, f"hvd_{name}") is not None)
     return HVDServingConfig(
-        enable=not args.hvd_disable, gate=args.hvd_gate, threshold=args.hvd_threshold,
+        enable=not args.hvd_disable, gate=args.hvd_gate, threshold=args.hvd_threshold, score_rule=args.hvd_score_rule,
         eagle_reserve=args.hvd_eagle_reserve, drafter=args.hvd_drafter,
         drafter_overrides=overrides, record_traces=args.hvd_record_traces, record_queue=args.hvd_record_queue,
         allow_sglang_version=args.hvd_allow_sglang_version,

@@ -72,9 +72,9 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             except Exception as e:  # metrics are optional; serving is not
                 log.warning("HVD Prometheus metrics unavailable (%s)", e)
         if self.hvd is not None:
-            log.info("HVD worker active: gate %s (digest %s, threshold %g, EAGLE3 reserve %d), verify rows of %s, "
-                     "drafter %s, recording %s", self.hvd_config.gate, self.hvd.gate.digest, self.hvd.threshold,
-                     self.hvd.rule.eagle_reserve,
+            log.info("HVD worker active: gate %s (digest %s, decision %s, threshold %g, EAGLE3 reserve %d), verify rows "
+                     "of %s, drafter %s, recording %s", self.hvd_config.gate, self.hvd.gate.digest, self.hvd.gate.decision,
+                     self.hvd.threshold, self.hvd.rule.eagle_reserve,
                      self.hvd_shape.describe(), self.hvd.drafter.name, self.hvd_config.record_traces or "off")
 
     # -- the step ----------------------------------------------------------------------
@@ -198,7 +198,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         stats = self.hvd.summary() if self.hvd is not None else {}
         gate = {}
         if self.hvd is not None:  # what an operator compares across the replicas of a fleet
-            gate = {"gate_digest": self.hvd.gate.digest, "gate_threshold": self.hvd.rule.threshold,
+            gate = {"gate_digest": self.hvd.gate.digest, "decision": self.hvd.gate.decision,
+                    "gate_threshold": self.hvd.rule.threshold,
                     "gate_eagle_reserve": self.hvd.rule.eagle_reserve, "verify_shape": self.hvd_shape.describe()}
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us}
         # /server_info is strict JSON: a threshold of -inf (verify every cache draft) goes as "-inf"

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 
 import numpy as np
 
 from .features import FEATURE_NAMES, FeatureExtractor
 from .gate_spec import GateError, GateSpec  # noqa: F401  (GateError: what a bad gate raises)
-from .policy import DecisionRule
+from .policy import DecisionRule, feature_rows
 
 INPUT_NAME, OUTPUT_NAME = "features", "accept_len"
 
@@ -105,6 +106,63 @@ class Gate:
     def shape(self):
         return self.verify_model.shape
 
+    @property
+    def decision(self) -> str:
+        """How rows are chosen, as /server_info and the start-up log say it."""
+        return "gate"
+
     def predict(self, features: np.ndarray) -> np.ndarray:
         """``[batch, F]`` float32 -> predicted accept_len ``[batch]``."""
         return self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)})[0].reshape(-1)
+
+    def predict_rows(self, drafts: dict[str, np.ndarray], states) -> np.ndarray:
+        """The value ``policy.decide`` compares with the rule's threshold, per row: the
+        predicted accept_len of each cache draft (``drafts``: speculate_arrays output,
+        ``states``: the rows' RequestStates)."""
+        return self.predict(feature_rows(self.extractor, drafts, states))
+
+
+class ScoreRuleGate:
+    """The score rule in the gate's place (ArcticInference's rule, served by HVD): a row
+    verifies its cache draft when the draft's score (sum of its token probabilities) is
+    at least ``min_score``; the rows are built as the gate's would be (its verify shape,
+    drafter settings and EAGLE3 reserve). ``min_score`` None: the gate's calibrated
+    ``rule_threshold`` (the best constant of the chain-only rule on validation).
+
+    One decision path: ``policy.decide`` compares ``predict_rows`` (the scores) with
+    ``rule.threshold``, the largest float below ``min_score`` (score > it <=> score >=
+    min_score), exactly as it compares a gate's predictions.
+
+    Worked example: min_score 3.0; drafts of scores 3.0, 2.5 and none -> a cache row, the
+    EAGLE3 row, the EAGLE3 row.
+    """
+
+    def __init__(self, gate: Gate, min_score: float | None = None):
+        if min_score is None:
+            min_score = gate.spec.rule_threshold
+            if min_score is None:
+                raise GateError(f"{gate.gate_dir}: gate.json has no calibrated rule_threshold; give the score explicitly")
+        if not math.isfinite(min_score):
+            raise GateError(f"the score rule needs a finite minimum score, got {min_score}")
+        self.gate_dir = gate.gate_dir
+        self.spec = gate.spec
+        self.drafter_config = gate.drafter_config
+        self.verify_model = gate.verify_model
+        self.min_score = float(min_score)
+        self.rule = DecisionRule(math.nextafter(self.min_score, -math.inf), gate.rule.eagle_reserve)
+        self.digest = gate.digest  # the settings it serves with are the gate's
+
+    @property
+    def decision(self) -> str:
+        return f"score >= {self.min_score:g}"
+
+    @property
+    def threshold(self) -> float:
+        return self.rule.threshold
+
+    @property
+    def shape(self):
+        return self.verify_model.shape
+
+    def predict_rows(self, drafts: dict[str, np.ndarray], states) -> np.ndarray:
+        return np.asarray(drafts["score"], dtype=np.float64)

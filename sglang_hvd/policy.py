@@ -135,9 +135,11 @@ def feature_rows(extractor, drafts: dict[str, np.ndarray], states: Sequence[Requ
 
 
 def gate_predictions(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState]) -> np.ndarray:
-    """The gate's predicted accept_len per row ``[B]`` float32 (raises on a bad gate)."""
+    """The gate's value per row ``[B]`` float64 (raises on a bad gate): a learned gate's
+    predicted accept_len (float32 from onnxruntime, exact in float64), the score rule's
+    draft scores (gate.ScoreRuleGate)."""
     b = len(states)
-    pred = np.asarray(gate.predict(feature_rows(gate.extractor, drafts, states)), dtype=np.float32)
+    pred = np.asarray(gate.predict_rows(drafts, states), dtype=np.float64)
     if pred.shape != (b,) or not np.all(np.isfinite(pred)):
         raise ValueError(f"gate returned shape {pred.shape} / non-finite values for a batch of {b}")
     return pred
@@ -188,7 +190,7 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
             error = e
         else:
             predicted = np.where(judged, pred, np.nan).astype(np.float32)
-            use = judged & (pred.astype(np.float64) > np.asarray(threshold, dtype=np.float64))
+            use = judged & (pred > np.asarray(threshold, dtype=np.float64))
     for i, s in enumerate(states):
         n = int(lens[i])
         if n:

@@ -7,6 +7,7 @@ import pytest
 
 from sglang_hvd.drafter import DrafterConfig
 from sglang_hvd.drafter.protocol import Draft, drafts_to_arrays
+from sglang_hvd.gate import Gate
 from sglang_hvd.features import FeatureExtractor
 from sglang_hvd.policy import DecisionRule, RequestState, RowPlan, decide, plan_rows
 from sglang_hvd.verify import VerifyShape
@@ -19,6 +20,8 @@ class ListGate:
         self.extractor = FeatureExtractor(np.zeros(100, np.uint16), DrafterConfig())
         self.values = list(values)
         self.batches = []
+
+    predict_rows = Gate.predict_rows  # the real gate's: features, then predict
 
     def predict(self, x):
         self.batches.append(len(x))

@@ -12,13 +12,16 @@ from sglang_hvd.errors import HvdInputError
 from sglang_hvd.replay.engine import accept_len
 from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.recorder import TraceRecorder
-from sglang_hvd.policy import DecisionRule, RowPlan
+from sglang_hvd.policy import DecisionRule, RequestState, RowPlan, decide
 from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.engine import iter_serving
 from sglang_hvd.replay.fleet import serve_fleet
-from sglang_hvd.replay.policies import GatePolicy
+from sglang_hvd.replay.policies import GatePolicy, ScoreRule
+from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.serving.stepper import HVDStepper
 from sglang_hvd.features import FeatureExtractor
+from sglang_hvd.gate import Gate, ScoreRuleGate
+from sglang_hvd.drafter.protocol import Draft, drafts_to_arrays
 from sglang_hvd.trace import TokenizerId, TraceRecord, iter_traces, token_array
 from sglang_hvd.verify import Eagle3Stream, VerifyShape
 
@@ -28,8 +31,10 @@ def test_config_round_trips_through_the_environment():
                            drafter_overrides=(("max_depth", 32), ("min_token_prob", 0.2)), record_traces="/t.jsonl")
     env = cfg.to_env()
     assert env["SGLANG_HVD_ENABLE"] == "1" and env["SGLANG_HVD_GATE"] == "/g" and env["SGLANG_HVD_MAX_DEPTH"] == "32"
-    assert env["SGLANG_HVD_EAGLE_RESERVE"] == "3"
+    assert env["SGLANG_HVD_EAGLE_RESERVE"] == "3" and "SGLANG_HVD_SCORE_RULE" not in env
     assert HVDServingConfig.from_env(env) == cfg
+    rule = HVDServingConfig(enable=True, gate="/g", score_rule=2.5)
+    assert rule.to_env()["SGLANG_HVD_SCORE_RULE"] == "2.5" and HVDServingConfig.from_env(rule.to_env()) == rule
     assert cfg.drafter_config(DrafterConfig()).max_depth == 32
     assert HVDServingConfig.from_env({}) == HVDServingConfig()  # nothing set: HVD off
 
@@ -40,6 +45,8 @@ def test_config_round_trips_through_the_environment():
     ({"SGLANG_HVD_THRESHOLD": "high"}, "SGLANG_HVD_THRESHOLD='high' is not a valid float"),
     ({"SGLANG_HVD_MAX_DEPTH": "1.5"}, "SGLANG_HVD_MAX_DEPTH='1.5' is not a valid int"),
     ({"SGLANG_HVD_EAGLE_RESERVE": "-1"}, "SGLANG_HVD_EAGLE_RESERVE must be >= 0, got -1"),
+    ({"SGLANG_HVD_SCORE_RULE": "2", "SGLANG_HVD_THRESHOLD": "1"}, "SGLANG_HVD_SCORE_RULE replaces the gate: set one"),
+    ({"SGLANG_HVD_SCORE_RULE": "nan"}, "SGLANG_HVD_SCORE_RULE must be a finite score, got nan"),
 ])
 def test_bad_environment_is_named(env, message):
     with pytest.raises(HvdInputError, match=message):
@@ -50,6 +57,8 @@ class FailingGate:
     def __init__(self, real):
         self.extractor = real.extractor
         self.rule = real.rule
+
+    predict_rows = Gate.predict_rows  # the real gate's: features, then predict
 
     def predict(self, x):
         raise RuntimeError("onnxruntime exploded")
@@ -65,8 +74,6 @@ def serve(records, stepper, model: VerifyModel, concurrency=4, log=None):
 
 @pytest.fixture
 def demo_gate(demo_dir):
-    from sglang_hvd.gate import Gate
-
     return Gate(os.path.join(demo_dir, "gate"))
 
 
@@ -114,6 +121,27 @@ def test_server_and_replay_make_the_same_decisions_step_by_step(demo_dir, demo_g
     assert kinds == {"cache", "eagle3"} and two_branch > 0
 
 
+def test_the_served_score_rule_is_replays_rule_at_topk_1(demo_dir, demo_gate):
+    """--hvd-score-rule: the serving decision with draft scores in the gate's place. On
+    chains it verifies exactly the rows of replay's score rule (ScoreRule), so both
+    replays give the same cycles, and the stepper plans the same rows."""
+    records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:40]
+    model = VerifyModel(VerifyShape(1, 3, 4), demo_gate.verify_model.eagle3)
+    served_rule = ScoreRuleGate(demo_gate, 2.0)
+    assert served_rule.decision == "score >= 2" and served_rule.digest == demo_gate.digest
+    gated = GatePolicy(served_rule, served_rule.rule, "rule")
+    baseline = ScoreRule(2.0)
+    result = simulate(records, create_drafter("native", demo_gate.drafter_config), [gated, baseline], model)
+    a, b = result.overall.policy("rule").to_json(), result.overall.policy("rule@2").to_json()
+    assert a["cycles_per_1k"] == b["cycles_per_1k"] and a["cache_pick_rate"] == b["cache_pick_rate"] > 0.1
+    # A score of exactly the minimum is taken (>=), one just below is not.
+    arrays = drafts_to_arrays([Draft((5, 6), (1.0, 1.0), (1, 1), 2.0, 2, 2, "local"),
+                               Draft((5, 6), (1.0, 0.99), (1, 1), 1.99, 2, 2, "local"), Draft()], 4)
+    plans = decide(served_rule, arrays, [RequestState([1, 2]) for _ in range(3)], model.shape, served_rule.rule)
+    assert plans.use_cache.tolist() == [True, False, False]
+    assert plans.predicted[:2].tolist() == pytest.approx([2.0, 1.99])
+
+
 def test_a_gate_failing_at_run_time_falls_back_to_eagle3(demo_dir, demo_gate, caplog):
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:6]
     stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), FailingGate(demo_gate), demo_gate.shape)
@@ -158,6 +186,8 @@ class Sure:  # a gate that always predicts a long accepted run
 
     def __init__(self, extractor):
         self.extractor = extractor
+
+    predict_rows = Gate.predict_rows  # the real gate's: features, then predict
 
     def predict(self, x):
         return np.full(len(x), 9.0, dtype=np.float32)

@@ -111,6 +111,10 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
     assert rest == ["--model-path", "m", "--tp-size", "1"]
     cfg = launch_server.config_from_args(args)
     assert (cfg.gate, cfg.threshold, cfg.drafter_overrides) == ("g", 2.5, (("max_depth", 32),))
+    args, _ = launch_server.build_parser().parse_known_args(["--hvd-gate", "g", "--hvd-score-rule", "3"])
+    assert (launch_server.config_from_args(args).score_rule, launch_server.config_from_args(args).threshold) == (3.0, None)
+    assert launch_server.main(BASE_ARGS + ["--hvd-gate", "g", "--hvd-score-rule", "3", "--hvd-threshold", "1"]) == 2
+    assert "SGLANG_HVD_SCORE_RULE replaces the gate: set one" in capsys.readouterr().err
     assert launch_server.main(BASE_ARGS + ["--hvd-gate", "/nonexistent/gate"]) == 2
     assert "gate directory not found" in capsys.readouterr().err
     assert launch_server.main(BASE_ARGS[:-1] + ["--hvd-gate", os.path.join(demo_dir, "gate")]) == 2

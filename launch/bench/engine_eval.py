@@ -23,6 +23,9 @@ Modes:
   cache_only   HVD with the gate's threshold at -inf: the cache draft whenever the cache
                drafter has one (at topk > 1 EAGLE3 keeps the nodes it leaves), else
                EAGLE3's row; replay runs the same decision
+  rule         HVD with the score rule in the gate's place (--hvd-score-rule C: a cache row
+               when the cache draft's score >= C; C: --rule-score, default the gate's
+               calibrated rule_threshold); rows built as the gate's would be
   hvd          HVD with the gate's own decision rule
 
 Replay's side is fleet replay (sglang_hvd/replay/fleet.py): the same conversations, the
@@ -50,7 +53,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from sglang_hvd.drafter import create_drafter  # noqa: E402
-from sglang_hvd.gate import Gate  # noqa: E402
+from sglang_hvd.gate import Gate, ScoreRuleGate  # noqa: E402
 from sglang_hvd.replay.acceptance import VerifyModel  # noqa: E402
 from sglang_hvd.policy import DecisionRule  # noqa: E402
 from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy  # noqa: E402
@@ -62,8 +65,8 @@ from sglang_hvd.verify import Eagle3Curve, VerifyShape  # noqa: E402
 from tests.sglang_cpu import harness  # noqa: E402
 from tests.sglang_cpu.trace_oracle import ORACLE_ARGS, ORACLE_ENV, calibrated_draft_model, write_oracle_models  # noqa: E402
 
-MODES = ("greedy", "eagle3_only", "cache_only", "hvd")
-GATED = ("cache_only", "hvd")
+MODES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd")
+GATED = ("cache_only", "rule", "hvd")
 KV_TOKENS_PER_SLOT_MARGIN = 1.25
 
 
@@ -88,7 +91,8 @@ def first_conversations(records, limit: int | None) -> list[list]:
     return kept
 
 
-def server_args(mode: str, models, shape: VerifyShape, gate_dir: str | None, concurrency: int) -> tuple[list, dict, str]:
+def server_args(mode: str, models, shape: VerifyShape, gate_dir: str | None, concurrency: int,
+                rule_score: float | None = None) -> tuple[list, dict, str]:
     base = [a for a in harness.BASE_ARGS]
     for flag in ("--max-total-tokens", "--max-running-requests"):
         i = base.index(flag)
@@ -104,6 +108,8 @@ def server_args(mode: str, models, shape: VerifyShape, gate_dir: str | None, con
         args += ["--hvd-gate", gate_dir, "--hvd-drafter", "native"]
         if mode == "cache_only":
             args += ["--hvd-threshold=-inf"]
+        if mode == "rule":
+            args += [f"--hvd-score-rule={rule_score!r}"]
         launcher = "sglang_hvd.launch_server"
     return args, env, launcher
 
@@ -152,10 +158,12 @@ def engine_tallies(records, results, mode: str) -> tuple[dict, list]:
     return {k: v.to_json() for k, v in by_source.items()}, mismatches
 
 
-def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_config, concurrency: int) -> dict:
+def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_config, concurrency: int,
+           rule_score: float | None = None) -> dict:
     """Replay's prediction for the served order: fleet replay (the serving stepper, the
     same conversations ``concurrency`` at a time; cache_only is the served decision at
-    threshold -inf, eagle3_only the stepper without a gate) and, for reference,
+    threshold -inf, rule the score rule in the gate's place, eagle3_only the stepper
+    without a gate) and, for reference,
     sequential replay (every request after the one before)."""
     records = [r for turns in convs for r in turns]
     if mode == "greedy":
@@ -163,13 +171,14 @@ def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_confi
         out = {name: s.policy("greedy").to_json() for name, s in result.sources.items()}
         out["overall"] = result.overall.policy("greedy").to_json()
         return {"fleet": out, "sequential": out}
+    if mode == "rule":
+        gate = ScoreRuleGate(gate, rule_score)
     rule = {"eagle3_only": None, "cache_only": DecisionRule(-math.inf, gate.rule.eagle_reserve) if gate else None,
-            "hvd": gate.rule if gate else None}[mode]
+            "rule": gate.rule if gate else None, "hvd": gate.rule if gate else None}[mode]
     stepper = HVDStepper(create_drafter("native", drafter_config), gate if mode != "eagle3_only" else None,
                          model.shape, rule=rule)
     fleet = serve_fleet(convs, stepper, model, concurrency, policy=mode).to_json(mode)
-    policy = {"eagle3_only": lambda: Eagle3Only(), "cache_only": lambda: GatePolicy(gate, rule, "cache_only"),
-              "hvd": lambda: GatePolicy(gate, rule)}[mode]()
+    policy = Eagle3Only() if mode == "eagle3_only" else GatePolicy(gate, rule, mode)
     result = simulate(records, create_drafter("native", drafter_config), [policy], model, prefill_first=True)
     sequential = {name: s.policy(policy.name).to_json() for name, s in result.sources.items()}
     sequential["overall"] = result.overall.policy(policy.name).to_json()
@@ -184,6 +193,8 @@ def main(argv=None) -> int:
                    help=f"comma-separated, from {', '.join(MODES)} (default: %(default)s)")
     p.add_argument("--gate", metavar="GATE_DIR", help="a gate from `hvd train`: needed by cache_only and hvd; its "
                    "verify shape, EAGLE3 curve and drafter settings are the run's")
+    p.add_argument("--rule-score", type=float, metavar="C", help="the rule mode's minimum cache draft score "
+                   "(default: the gate's calibrated rule_threshold)")
     p.add_argument("--limit-conversations", type=int, metavar="N", help="the first N conversations of each source")
     p.add_argument("--sources", metavar="S1,S2", help="only these sources (default: all)")
     p.add_argument("--concurrency", type=int, default=4, metavar="C", help="conversations in flight (default: %(default)s)")
@@ -202,7 +213,7 @@ def main(argv=None) -> int:
     if bad or not modes:
         p.error(f"--modes: unknown mode {bad[0] if bad else '(none)'!r}; choose from {', '.join(MODES)}")
     if any(m in GATED for m in modes) and not a.gate:
-        p.error("--modes cache_only and hvd need --gate GATE_DIR (a folder written by `hvd train`)")
+        p.error("--modes cache_only, rule and hvd need --gate GATE_DIR (a folder written by `hvd train`)")
     if a.concurrency < 1:
         p.error("--concurrency must be >= 1")
     if a.json and os.path.isdir(a.json):
@@ -224,6 +235,9 @@ def main(argv=None) -> int:
         nodes = steps + 1 if topk == 1 else min(topk + (steps - 1) * topk ** 2, 16) + 1
         model = VerifyModel(VerifyShape(topk, steps, nodes), Eagle3Curve.parse(a.eagle3_curve) if a.eagle3_curve else Eagle3Curve())
         drafter_config = DrafterConfig()
+    rule_score = a.rule_score if a.rule_score is not None or gate is None else gate.spec.rule_threshold
+    if "rule" in modes and (rule_score is None or not math.isfinite(rule_score)):
+        p.error("--modes rule: the gate has no calibrated rule_threshold; pass --rule-score C")
     shape = model.shape
     sources = {s.strip() for s in a.sources.split(",")} if a.sources else None
     records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources]
@@ -249,11 +263,12 @@ def main(argv=None) -> int:
 
     report = {"settings": {"traces": a.traces, "modes": modes, "gate": a.gate, "shape": shape.to_json(),
                            "eagle3_curve": model.eagle3.text(), "concurrency": a.concurrency,
-                           "limit_conversations": a.limit_conversations, "draft_error_model": draft_model.to_json(),
+                           "limit_conversations": a.limit_conversations,
+                           "rule_score": rule_score if "rule" in modes else None, "draft_error_model": draft_model.to_json(),
                            "conversations": len(convs), "requests": len(served), "dropped_requests": sorted(dropped)},
               "modes": {}}
     for mode in modes:
-        args, env, launcher = server_args(mode, models, shape, a.gate, a.concurrency)
+        args, env, launcher = server_args(mode, models, shape, a.gate, a.concurrency, rule_score)
         started = time.time()
         server = harness.start_server(models.target, args, env, base_args=[], log_dir=work, launcher=launcher)
         done = [0]
@@ -271,7 +286,7 @@ def main(argv=None) -> int:
         finally:
             server.stop()
         engine, mismatches = engine_tallies(served, results, mode)
-        predicted = replay(convs, mode, gate, model, drafter_config, a.concurrency)
+        predicted = replay(convs, mode, gate, model, drafter_config, a.concurrency, rule_score)
         fleet, sequential = predicted["fleet"], predicted["sequential"]
         hvd_state = next((s.get("hvd") for s in info.get("internal_states", []) if isinstance(s, dict) and s.get("hvd")), None)
         report["modes"][mode] = {

@@ -7,6 +7,7 @@ variables; ``sglang serve`` and ``sgl.Engine`` users set them directly:
   SGLANG_HVD_ENABLE=1                 turn HVD on (else the plugin does nothing)
   SGLANG_HVD_GATE=DIR                 gate directory (hvd train); required when enabled
   SGLANG_HVD_THRESHOLD=T              override the gate's threshold
+  SGLANG_HVD_SCORE_RULE=C             decide by the score rule (cache draft score >= C), not the gate
   SGLANG_HVD_EAGLE_RESERVE=M          override the EAGLE3 nodes kept beside a cache draft (topk > 1)
   SGLANG_HVD_DRAFTER=native|python    cache drafter implementation (default: fastest built)
   SGLANG_HVD_MAX_DEPTH, _MAX_SPEC_TOKENS, _MAX_SPEC_FACTOR, _MAX_SPEC_OFFSET,
@@ -19,6 +20,7 @@ variables; ``sglang serve`` and ``sgl.Engine`` users set them directly:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 
@@ -35,6 +37,7 @@ class HVDServingConfig:
     enable: bool = False
     gate: str | None = None
     threshold: float | None = None
+    score_rule: float | None = None  # decide by the cache draft's score >= this instead of the gate
     eagle_reserve: int | None = None
     drafter: str | None = None  # None: the fastest built
     drafter_overrides: tuple[tuple[str, float], ...] = ()  # DrafterConfig fields set explicitly
@@ -47,6 +50,10 @@ class HVDServingConfig:
             raise HvdInputError(f"{PREFIX}ENABLE=1 needs a gate: set {PREFIX}GATE=DIR (or --hvd-gate DIR)")
         if self.record_queue < 1:
             raise HvdInputError(f"{PREFIX}RECORD_QUEUE must be >= 1, got {self.record_queue}")
+        if self.score_rule is not None and self.threshold is not None:
+            raise HvdInputError(f"{PREFIX}THRESHOLD is the gate's and {PREFIX}SCORE_RULE replaces the gate: set one")
+        if self.score_rule is not None and not math.isfinite(self.score_rule):
+            raise HvdInputError(f"{PREFIX}SCORE_RULE must be a finite score, got {self.score_rule}")
         if self.eagle_reserve is not None and self.eagle_reserve < 0:
             raise HvdInputError(f"{PREFIX}EAGLE_RESERVE must be >= 0, got {self.eagle_reserve}")
 
@@ -59,7 +66,8 @@ class HVDServingConfig:
 
     def to_env(self) -> dict[str, str]:
         env = {f"{PREFIX}ENABLE": "1" if self.enable else "0"}
-        for key, value in (("GATE", self.gate), ("THRESHOLD", self.threshold), ("EAGLE_RESERVE", self.eagle_reserve),
+        for key, value in (("GATE", self.gate), ("THRESHOLD", self.threshold), ("SCORE_RULE", self.score_rule),
+                           ("EAGLE_RESERVE", self.eagle_reserve),
                            ("DRAFTER", self.drafter),
                            ("RECORD_TRACES", self.record_traces), ("ALLOW_SGLANG_VERSION", self.allow_sglang_version)):
             if value is not None:
@@ -100,6 +108,7 @@ class HVDServingConfig:
             enable=enable == "1",
             gate=get("GATE"),
             threshold=number("THRESHOLD", float),
+            score_rule=number("SCORE_RULE", float),
             eagle_reserve=number("EAGLE_RESERVE", int),
             drafter=get("DRAFTER"),
             drafter_overrides=tuple(overrides),

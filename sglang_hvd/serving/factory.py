@@ -5,16 +5,18 @@ from __future__ import annotations
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
-from ..gate import Gate
+from ..gate import Gate, ScoreRuleGate
 from ..verify import VerifyShape
 from .config import HVDServingConfig
 from .recorder import TraceRecorder
 from .stepper import HVDStepper
 
 
-def load_gate(config: HVDServingConfig) -> Gate:
-    """The configured gate, fully checked (raises GateError with the reason)."""
-    return Gate(config.gate, threshold=config.threshold, eagle_reserve=config.eagle_reserve)
+def load_gate(config: HVDServingConfig) -> Gate | ScoreRuleGate:
+    """The configured gate, fully checked (raises GateError with the reason); with
+    ``score_rule`` the score rule in its place (its settings and shape are the gate's)."""
+    gate = Gate(config.gate, threshold=config.threshold, eagle_reserve=config.eagle_reserve)
+    return gate if config.score_rule is None else ScoreRuleGate(gate, config.score_rule)
 
 
 def check_shape(gate: Gate, served: VerifyShape) -> None:

@@ -1,6 +1,7 @@
 """Engine-in-the-loop evaluation (launch/bench/engine_eval.py) end to end: real SGLang
 servers whose target is the trace oracle serve the first recorded conversation of
-tau-bench and of SWE-agent (../shared/data), in two modes. Every output must equal its
+tau-bench and of SWE-agent (../shared/data), in three modes (EAGLE3 alone, the score
+rule served in the gate's place, the gate). Every output must equal its
 recording token for token, and the served cycles per 1,000 tokens must agree with
 replay's prediction for the same records, settings and order."""
 
@@ -45,7 +46,7 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     records = list(iter_traces(dev_traces))
     assert {r.source for r in records} == {"tau-bench", "swe-agent"}
     out = tmp_path / "engine.json"
-    done = subprocess.run([harness.SGLANG_PYTHON, "launch/bench/engine_eval.py", dev_traces, "--modes", "eagle3_only,hvd",
+    done = subprocess.run([harness.SGLANG_PYTHON, "launch/bench/engine_eval.py", dev_traces, "--modes", "eagle3_only,rule,hvd",
                            "--gate", qwen_gates(1, 3, 4), "--concurrency", "2", "--work-dir", str(tmp_path / "work"),
                            "--json", str(out)], capture_output=True, text=True, cwd=harness.REPO, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -53,7 +54,7 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     assert report["settings"]["dropped_requests"] == []
     assert report["settings"]["requests"] == len(records)
     tokens = sum(len(r.output_ids) for r in records)
-    for mode in ("eagle3_only", "hvd"):
+    for mode in ("eagle3_only", "rule", "hvd"):
         m = report["modes"][mode]
         assert m["lossless"] and m["num_mismatches"] == 0, m["mismatches"]
         assert m["engine"]["requests"] == len(records) and m["engine"]["tokens"] == tokens
@@ -62,5 +63,7 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     # EAGLE3 alone: the stand-in draft accepts some tokens, never a whole chain every time
     assert 400 < report["modes"]["eagle3_only"]["engine"]["cycles_per_1k"] < 800
     hvd = report["modes"]["hvd"]["server_hvd"]
-    assert hvd["steps"] > 0 and hvd["step_errors"] == 0 and hvd["gate_errors"] == 0
+    assert hvd["steps"] > 0 and hvd["step_errors"] == 0 and hvd["gate_errors"] == 0 and hvd["decision"] == "gate"
+    rule = report["modes"]["rule"]["server_hvd"]
+    assert rule["decision"] == f"score >= {report['settings']['rule_score']:g}" and rule["cache_pick_rate"] > 0
     assert "engine c/1k" in done.stdout
