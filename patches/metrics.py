@@ -2,6 +2,9 @@
 
 SGLang runs prometheus_client in multiprocess mode: gauges created in the scheduler
 process are collected by the HTTP server's ``/metrics``. Updated at most once a second.
+Labelled ``dp_rank`` (0 without data parallelism): each DP rank's scheduler has its own
+stepper, so each reports its own series (``sum by (...)`` / ``avg`` in PromQL for the
+server).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ GAUGES = {
 
 
 class HVDMetrics:
-    def __init__(self):
+    def __init__(self, dp_rank: int = 0):
         from prometheus_client import Gauge
 
-        self._gauges = {k: Gauge(f"sglang:hvd_{k}", doc, multiprocess_mode="mostrecent") for k, doc in GAUGES.items()}
+        self._gauges = {k: Gauge(f"sglang:hvd_{k}", doc, labelnames=["dp_rank"], multiprocess_mode="mostrecent")
+                        .labels(dp_rank=str(dp_rank)) for k, doc in GAUGES.items()}
         self._last = 0.0
 
     def update(self, summary: dict) -> None:

@@ -46,6 +46,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_tp_size = getattr(parallel, "tp_size", 1) or 1
         self._hvd_tp_rank = getattr(parallel, "tp_rank", 0) or 0
         self._hvd_tp_group = getattr(parallel, "tp_group", None)
+        # With --dp-size > 1 each DP rank is a scheduler of its own with its own stepper:
+        # its own global cache, recorder file (recorder.rank_path) and figures.
+        dp_size = int(getattr(server_args, "dp_size", 1) or 1)
+        self._hvd_dp_rank = (getattr(parallel, "dp_rank", None) or 0) if dp_size > 1 else None
         self.hvd_shape = VerifyShape(topk=self.topk, steps=self.speculative_num_steps,
                                      nodes=self.speculative_num_draft_tokens)
         # The target's attention backend (and its own verify mask, if any) comes later; the
@@ -55,7 +59,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                                    f"builds layout {int(self.draft_worker.tree_mask_mode)}: choose another "
                                    "--attention-backend, or serve a topk-1 gate")
         # Only TP rank 0 drafts and gates; other ranks receive its decision.
-        self.hvd = build_stepper(self.hvd_config, self.hvd_shape) if self._hvd_tp_rank == 0 else None
+        self.hvd = build_stepper(self.hvd_config, self.hvd_shape, self._hvd_dp_rank) if self._hvd_tp_rank == 0 else None
         self._hvd_staging = Staging()
         self._hvd_reqs: dict = {}  # rid -> Req, for requests the stepper tracks
         self._hvd_pending = None  # (rids, EAGLE3 chains or None) of the step being verified
@@ -68,14 +72,16 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             try:
                 from .metrics import HVDMetrics
 
-                self._hvd_metrics = HVDMetrics()
+                self._hvd_metrics = HVDMetrics(self._hvd_dp_rank or 0)
             except Exception as e:  # metrics are optional; serving is not
                 log.warning("HVD Prometheus metrics unavailable (%s)", e)
         if self.hvd is not None:
-            log.info("HVD worker active: gate %s (digest %s, decision %s, threshold %g, EAGLE3 reserve %d), verify rows "
-                     "of %s, drafter %s, recording %s", self.hvd_config.gate, self.hvd.gate.digest, self.hvd.gate.decision,
-                     self.hvd.threshold, self.hvd.rule.eagle_reserve,
-                     self.hvd_shape.describe(), self.hvd.drafter.name, self.hvd_config.record_traces or "off")
+            recorder = self.hvd.recorder
+            log.info("HVD worker active%s: gate %s (digest %s, decision %s, threshold %g, EAGLE3 reserve %d), verify rows "
+                     "of %s, drafter %s, recording %s",
+                     "" if self._hvd_dp_rank is None else f" (DP rank {self._hvd_dp_rank})", self.hvd_config.gate,
+                     self.hvd.gate.digest, self.hvd.gate.decision, self.hvd.threshold, self.hvd.rule.eagle_reserve,
+                     self.hvd_shape.describe(), self.hvd.drafter.name, recorder.path if recorder else "off")
 
     # -- the step ----------------------------------------------------------------------
 
@@ -201,6 +207,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             gate = {"gate_digest": self.hvd.gate.digest, "decision": self.hvd.gate.decision,
                     "gate_threshold": self.hvd.rule.threshold,
                     "gate_eagle_reserve": self.hvd.rule.eagle_reserve, "verify_shape": self.hvd_shape.describe()}
-        out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us}
+        out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
+               "dp_rank": self._hvd_dp_rank or 0}
         # /server_info is strict JSON: a threshold of -inf (verify every cache draft) goes as "-inf"
         return {k: repr(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in out.items()}

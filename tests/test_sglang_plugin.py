@@ -203,7 +203,7 @@ def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
     gate = Gate(w.hvd_config.gate)
     w.hvd = HVDStepper(create_drafter("python", gate.drafter_config), gate, shape,
                        recorder=TraceRecorder(w.hvd_config.record_traces), tokenizer=gate.spec.tokenizer) if rank == 0 else None
-    w._hvd_tp_size, w._hvd_tp_rank, w._hvd_tp_group = tp_size, rank, group
+    w._hvd_tp_size, w._hvd_tp_rank, w._hvd_tp_group, w._hvd_dp_rank = tp_size, rank, group, None
     w._hvd_reqs, w._hvd_pending, w._hvd_errors, w._hvd_error_logged, w.hvd_step_us = {}, None, 0, False, 0.0
     w._hvd_last_log = 0.0
     w._hvd_metrics = None

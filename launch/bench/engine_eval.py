@@ -28,6 +28,9 @@ Modes:
                calibrated rule_threshold); rows built as the gate's would be
   hvd          HVD with the gate's own decision rule
 
+With ``--replicas R`` (R > 1) each mode runs R servers behind sglang-router
+(``--router-policy``); the engine figures are the fleet's, replay's stay one server's.
+
 Replay's side is fleet replay (sglang_hvd/replay/fleet.py): the same conversations, the
 same concurrency, the serving stepper deciding each batch, responses entering the
 global cache as they are generated, as in the server. The JSON also holds sequential replay
@@ -59,6 +62,7 @@ from sglang_hvd.policy import DecisionRule  # noqa: E402
 from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy  # noqa: E402
 from sglang_hvd.replay.fleet import conversations_of, serve_fleet  # noqa: E402
 from sglang_hvd.replay.simulate import simulate  # noqa: E402
+from sglang_hvd.serving.status import fleet_status  # noqa: E402
 from sglang_hvd.serving.stepper import HVDStepper  # noqa: E402
 from sglang_hvd.trace import iter_traces  # noqa: E402
 from sglang_hvd.verify import Eagle3Curve, VerifyShape  # noqa: E402
@@ -198,6 +202,12 @@ def main(argv=None) -> int:
     p.add_argument("--limit-conversations", type=int, metavar="N", help="the first N conversations of each source")
     p.add_argument("--sources", metavar="S1,S2", help="only these sources (default: all)")
     p.add_argument("--concurrency", type=int, default=4, metavar="C", help="conversations in flight (default: %(default)s)")
+    p.add_argument("--replicas", type=int, default=1, metavar="R", help="servers per mode; more than one are "
+                   "served through sglang-router (the router extra) and replay's figure stays one server's, so the "
+                   "ratio shows what routing costs (default: %(default)s)")
+    p.add_argument("--router-policy", default="cache_aware", metavar="POLICY",
+                   help="sglang-router's --policy with --replicas > 1: cache_aware, round_robin, random, "
+                        "power_of_two (default: %(default)s)")
     p.add_argument("--verify-topk", type=int, metavar="K", help="without --gate: SGLang's topk (default 1)")
     p.add_argument("--verify-steps", type=int, metavar="S", help="without --gate: draft steps (default 3)")
     p.add_argument("--eagle3-curve", metavar="CURVE", help="without --gate: EAGLE3 tokens per verify by draft nodes "
@@ -216,6 +226,13 @@ def main(argv=None) -> int:
         p.error("--modes cache_only, rule and hvd need --gate GATE_DIR (a folder written by `hvd train`)")
     if a.concurrency < 1:
         p.error("--concurrency must be >= 1")
+    if a.replicas < 1:
+        p.error("--replicas must be >= 1")
+    if a.replicas > 1:
+        import importlib.util
+
+        if importlib.util.find_spec("sglang_router") is None:
+            p.error("--replicas > 1 needs sglang-router: pip install 'sglang-hvd[router]'")
     if a.json and os.path.isdir(a.json):
         p.error(f"--json {a.json}: is a directory")
     reason = harness.sglang_available()
@@ -264,13 +281,23 @@ def main(argv=None) -> int:
     report = {"settings": {"traces": a.traces, "modes": modes, "gate": a.gate, "shape": shape.to_json(),
                            "eagle3_curve": model.eagle3.text(), "concurrency": a.concurrency,
                            "limit_conversations": a.limit_conversations,
+                           "replicas": a.replicas, "router_policy": a.router_policy if a.replicas > 1 else None,
                            "rule_score": rule_score if "rule" in modes else None, "draft_error_model": draft_model.to_json(),
                            "conversations": len(convs), "requests": len(served), "dropped_requests": sorted(dropped)},
               "modes": {}}
     for mode in modes:
         args, env, launcher = server_args(mode, models, shape, a.gate, a.concurrency, rule_score)
         started = time.time()
-        server = harness.start_server(models.target, args, env, base_args=[], log_dir=work, launcher=launcher)
+        replicas = []
+        try:
+            for _ in range(a.replicas):
+                replicas.append(harness.start_server(models.target, args, env, base_args=[], log_dir=work, launcher=launcher))
+            server = replicas[0] if a.replicas == 1 else harness.start_router([r.url for r in replicas], a.router_policy,
+                                                                               log_dir=work)
+        except BaseException:
+            for r in replicas:
+                r.stop()
+            raise
         done = [0]
         last = [0.0]
 
@@ -282,13 +309,16 @@ def main(argv=None) -> int:
 
         try:
             results = serve(server, convs, a.concurrency, progress)
-            info = server.server_info()
+            infos = [(r.url, r.server_info()) for r in replicas]
         finally:
-            server.stop()
+            for s in {id(x): x for x in [server, *replicas]}.values():
+                s.stop()
         engine, mismatches = engine_tallies(served, results, mode)
         predicted = replay(convs, mode, gate, model, drafter_config, a.concurrency, rule_score)
         fleet, sequential = predicted["fleet"], predicted["sequential"]
-        hvd_state = next((s.get("hvd") for s in info.get("internal_states", []) if isinstance(s, dict) and s.get("hvd")), None)
+        status = fleet_status(infos)
+        hvd_state = dict(status.ranks[0].hvd) if len(status.ranks) == 1 else (
+            {**status.totals, "replicas": [dict(r.hvd) for r in status.ranks]} if status.ranks else None)
         report["modes"][mode] = {
             "engine": engine["overall"], "replay": {"cycles_per_1k": fleet["overall"]["cycles_per_1k"],
                                                     "sequential_cycles_per_1k": sequential["overall"]["cycles_per_1k"]},

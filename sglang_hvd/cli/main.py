@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "train": (None, "train the payoff gate by trace replay; export it to ONNX (needs the train extra)"),
     "demo": ("sglang_hvd.cli.demo", "the whole loop on the embedded workload: synth, import, train, eval"),
     "eval": ("sglang_hvd.cli.eval", "evaluate a gate against greedy, EAGLE3, cache-only, the rule and the oracle"),
+    "status": ("sglang_hvd.cli.status", "HVD figures and gate of running servers, per DP rank and in total"),
 }
 
 

@@ -8,7 +8,7 @@ from ..errors import HvdInputError
 from ..gate import Gate, ScoreRuleGate
 from ..verify import VerifyShape
 from .config import HVDServingConfig
-from .recorder import TraceRecorder
+from .recorder import TraceRecorder, rank_path
 from .stepper import HVDStepper
 
 
@@ -29,7 +29,9 @@ def check_shape(gate: Gate, served: VerifyShape) -> None:
             f"(hvd train ... --verify-topk {served.topk} --verify-steps {served.steps} --verify-nodes {served.nodes})")
 
 
-def build_stepper(config: HVDServingConfig, shape: VerifyShape) -> HVDStepper:
+def build_stepper(config: HVDServingConfig, shape: VerifyShape, dp_rank: int | None = None) -> HVDStepper:
+    """The stepper of one scheduler; ``dp_rank``: its data-parallel rank when the server
+    runs several (each records to its own file, recorder.rank_path)."""
     gate = load_gate(config)
     check_shape(gate, shape)
     name = config.drafter or default_drafter_name()
@@ -39,8 +41,9 @@ def build_stepper(config: HVDServingConfig, shape: VerifyShape) -> HVDStepper:
         raise HvdInputError(f"SGLANG_HVD_DRAFTER: {e.args[0]}") from None
     recorder = None
     if config.record_traces:
+        path = rank_path(config.record_traces, dp_rank)
         try:
-            recorder = TraceRecorder(config.record_traces, max_queue=config.record_queue)
+            recorder = TraceRecorder(path, max_queue=config.record_queue)
         except OSError as e:
-            raise HvdInputError(f"{config.record_traces}: cannot record traces there ({e.strerror})") from None
+            raise HvdInputError(f"{path}: cannot record traces there ({e.strerror})") from None
     return HVDStepper(drafter, gate, shape, recorder=recorder, tokenizer=gate.spec.tokenizer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import gzip
 import logging
+import os
 import queue
 import threading
 
@@ -20,6 +21,21 @@ from ..trace import TraceRecord
 
 log = logging.getLogger(__name__)
 _STOP = object()
+
+
+def rank_path(path: str, dp_rank: int | None) -> str:
+    """Where one data-parallel rank records: ``path`` itself without DP (``dp_rank``
+    None), else the rank before the extension, so no two processes append to one file
+    (lines of 100 kB interleave): ``served.jsonl`` -> ``served.dp1.jsonl``,
+    ``t.jsonl.gz`` -> ``t.dp0.jsonl.gz``, ``traces`` -> ``traces.dp1``. ``hvd train``
+    takes them all (``hvd train served.dp*.jsonl ...``)."""
+    if dp_rank is None:
+        return path
+    folder, name = os.path.split(path)
+    for ext in (".jsonl.gz", ".json.gz", ".gz", ".jsonl", ".json"):
+        if name.endswith(ext) and len(name) > len(ext):
+            return os.path.join(folder, f"{name[: -len(ext)]}.dp{dp_rank}{ext}")
+    return os.path.join(folder, f"{name}.dp{dp_rank}")
 
 
 class TraceRecorder:

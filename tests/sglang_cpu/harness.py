@@ -243,6 +243,36 @@ def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict 
     return server
 
 
+def start_router(worker_urls: list[str], policy: str = "cache_aware", *, log_dir: str | None = None,
+                 startup_timeout: float = 60.0, python: str = SGLANG_PYTHON,
+                 extra_args: list[str] | None = None) -> SGLangServer:
+    """``sglang-router`` (the ``router`` extra) in front of running servers, on 127.0.0.1
+    and a free port; waits until its ``/health`` is OK. Returned as an SGLangServer
+    (``generate`` goes through the router; ``stop()`` ends it)."""
+    port = free_port()
+    args = [python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, "--policy", policy,
+            "--host", "127.0.0.1", "--port", str(port), *(extra_args or [])]
+    log_dir = log_dir or tempfile.mkdtemp(prefix="sglang_router_")
+    log_path = os.path.join(log_dir, f"router_{port}.log")
+    started = time.time()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(args) + "\n")
+        log.flush()
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=log_dir)
+    router = SGLangServer(url=f"http://127.0.0.1:{port}", pid=proc.pid, log_path=log_path, args=args, process=proc)
+    try:
+        while not router.healthy():
+            if proc.poll() is not None or time.time() - started > startup_timeout:
+                raise ServerStartError(f"sglang-router did not become healthy (exit code {proc.returncode})\n"
+                                       f"command: {' '.join(args)}\n--- log tail ({log_path}) ---\n{router.log_tail(40)}")
+            time.sleep(0.5)
+    except BaseException:
+        router.stop()
+        raise
+    router.start_seconds = time.time() - started
+    return router
+
+
 def sglang_available(python: str = SGLANG_PYTHON) -> str | None:
     """None when ``python`` can import sglang, else the reason it cannot."""
     if not os.path.exists(python):

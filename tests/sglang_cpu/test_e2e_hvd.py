@@ -9,6 +9,10 @@ Servers (one at a time, ~40 s to start each): the tiny random Llama target, with
               non-empty cache draft is verified (a deterministic mixed batch)
   hvd_broken  EAGLE3 + HVD through `python -m sglang_hvd.launch_server`, with a gate that
               loads but fails at run time on every batch size but 2
+  hvd_dp2     HVD with data parallelism (--dp-size 2: two schedulers, each its own HVD
+              worker, global cache and recorder file), every cache draft verified
+  router      two HVD servers (as hvd, without recording) behind sglang-router's
+              cache-aware policy
 Every prompt is sent twice; the second round finds the first round's responses in the
 global cache, so its cache drafts are right: accept lengths near the maximum.
 """
@@ -70,6 +74,10 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
                                            "SGLANG_HVD_THRESHOLD": "-1", "SGLANG_HVD_DRAFTER": "native",
                                            "SGLANG_HVD_RECORD_TRACES": str(work / "served.jsonl")}),
         "hvd_broken": dict(extra_args=eagle + ["--hvd-gate", broken], launcher="sglang_hvd.launch_server"),
+        # SGLang's CPU path binds each rank to a NUMA node unless told which cores to use.
+        "hvd_dp2": dict(extra_args=eagle + ["--dp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1",
+                                            "--hvd-record-traces", str(work / "dp.jsonl")],
+                        launcher="sglang_hvd.launch_server", env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}),
     }
     out = {"work": work}
     for name, cfg in configs.items():
@@ -86,12 +94,30 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
                 extra["metrics"] = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
                 extra["collect"] = _collect(server, work)
                 extra["frontend"] = _frontend(server.url)
+            if name == "hvd_dp2":
+                extra["status"] = _hvd(["status", server.url, "--json", str(work / "status.json")])
             if name == "reference":
                 extra["frontend"] = _frontend(server.url)
             out[name] = dict(rounds=rounds, info=server.server_info(), log=server.log_path, **extra)
         finally:
             server.stop()
+    out["router"] = _behind_router(sglang_server_factory, m.llama, configs["hvd"], work)
     return out
+
+
+def _behind_router(factory, model: str, hvd: dict, work) -> dict:
+    """PROMPTS twice through sglang-router (cache_aware) over two HVD servers."""
+    env = {k: v for k, v in hvd["env"].items() if k != "SGLANG_HVD_RECORD_TRACES"}
+    replicas = [factory(model, extra_args=hvd["extra_args"], env=env) for _ in range(2)]
+    router = harness.start_router([r.url for r in replicas], "cache_aware", log_dir=str(work))
+    try:
+        rounds = [router.generate_many(PROMPTS) for _ in range(2)]
+        status = _hvd(["status", *(r.url for r in replicas)])
+        return dict(rounds=rounds, infos=[r.server_info() for r in replicas], status=status, log=router.log_path)
+    finally:
+        router.stop()
+        for r in replicas:
+            r.stop()
 
 
 def _broken_gate(good: str, where: str) -> str:
@@ -172,6 +198,41 @@ def test_server_info_names_the_gate_for_fleet_checks(runs, qwen_gate):
     assert (stats["gate_threshold"], stats["verify_shape"]) == (-1.0, "topk 1, steps 3, 4 nodes")
 
 
+def test_data_parallel_ranks_each_run_hvd_and_record_their_own_file(runs, qwen_gate):
+    from sglang_hvd.gate import Gate
+    from sglang_hvd.trace import iter_traces
+
+    want = _tokens(runs["reference"], 0)
+    assert _tokens(runs["hvd_dp2"], 0) == want and _tokens(runs["hvd_dp2"], 1) == want
+    stats = [s["hvd"] for s in runs["hvd_dp2"]["info"]["internal_states"] if "hvd" in s]
+    assert sorted(h["dp_rank"] for h in stats) == [0, 1]
+    assert all(h["steps"] > 0 and h["step_errors"] == 0 and h["gate_digest"] == Gate(qwen_gate).digest for h in stats)
+    # One file per rank, never one file appended by two processes.
+    work = runs["work"]
+    assert not (work / "dp.jsonl").exists()
+    ids = [[r.req_id for r in iter_traces(str(work / f"dp.dp{k}.jsonl"))] for k in (0, 1)]
+    served = {r["meta_info"]["id"] for round_ in runs["hvd_dp2"]["rounds"] for r in round_}
+    assert ids[0] and ids[1] and not set(ids[0]) & set(ids[1]) and served <= set(ids[0]) | set(ids[1])
+    # hvd status: both ranks, the totals, one gate.
+    done = runs["hvd_dp2"]["status"]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "one gate: digest" in done.stdout and "on 2 rank(s)" in done.stdout
+    totals = json.loads((work / "status.json").read_text())["totals"]
+    assert totals["steps"] == sum(h["steps"] for h in stats) and totals["ranks"] == 2
+
+
+def test_two_hvd_servers_behind_the_router_serve_losslessly_on_one_gate(runs):
+    want = _tokens(runs["reference"], 0)
+    router = runs["router"]
+    assert _tokens(router, 0) == want and _tokens(router, 1) == want, router["log"]
+    stats = [[s["hvd"] for s in info["internal_states"] if "hvd" in s][0] for info in router["infos"]]
+    assert sum(h["rows"] for h in stats) > 0 and all(h["step_errors"] == 0 for h in stats)
+    assert router["status"].returncode == 0 and "on 2 rank(s)" in router["status"].stdout, router["status"].stdout
+    # Cache-aware routing sends a repeated prompt to the replica that served it: round 2
+    # finds round 1's responses in that replica's global cache, as on one server.
+    assert _accept_length(router, 1) > 2.5
+
+
 def test_cache_drafts_lift_accept_length_when_the_cache_knows_the_answer(runs):
     eagle = _accept_length(runs["eagle3"], 1)
     hvd = _accept_length(runs["hvd"], 1)
@@ -188,6 +249,7 @@ def test_cache_drafts_lift_accept_length_when_the_cache_knows_the_answer(runs):
 def test_prometheus_metrics_carry_hvd_gauges(runs):
     lines = [l for l in runs["hvd"]["metrics"].splitlines() if l.startswith("sglang:hvd_cache_pick_rate")]
     assert lines and float(lines[0].split()[-1]) > 0.0
+    assert 'dp_rank="0"' in lines[0]  # one series per data-parallel rank
 
 
 def test_a_gate_failing_at_run_time_leaves_the_server_serving(runs):
