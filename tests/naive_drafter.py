@@ -1,7 +1,9 @@
 """A deliberately naive drafter: the SuffixDecoding semantics by brute-force scanning.
 
 Test-only. No index, no pruning: for every pattern length it scans every document for
-occurrences, then walks the most frequent continuation (ties: most recently appended).
+occurrences, then walks the most frequent continuation (ties: most recently appended),
+counting over the newest ``max_occurrences`` occurrences (by stamp); the one-token pattern,
+when its set is not the two-token pattern's, counts its first token over all of them.
 The registered drafters must return exactly what this returns.
 """
 
@@ -69,8 +71,13 @@ class NaiveDrafter:
                    if [t for t, _ in doc[i - p + 1 : i + 1]] == pattern]
             if not occ:
                 break
-            tokens, probs, counts, prob, cur = [], [], [], 1.0, occ
+            k = self.config.max_occurrences
+            alone = p == 1 and not all(i >= 1 and docs[d][i - 1][0] == ctx[-2] for d, i in occ)
+            cur = occ if alone else self._newest(docs, occ, k)
+            tokens, probs, counts, prob = [], [], [], 1.0
             while len(tokens) < self.config.budget(p):
+                if tokens:
+                    cur = self._newest(docs, cur, k)
                 children = {}
                 for d, i in cur:
                     if i + 1 < len(docs[d]):
@@ -90,5 +97,9 @@ class NaiveDrafter:
             score = float(sum(probs))
             if tokens and score >= best.score:
                 best = Draft(tokens=tuple(tokens), probs=tuple(probs), child_counts=tuple(counts), score=score,
-                             match_len=p, match_count=len(occ), tree=tree)
+                             match_len=p, match_count=len(occ) if alone else min(len(occ), k), tree=tree)
         return best
+
+    @staticmethod
+    def _newest(docs, occ, k):
+        return sorted(occ, key=lambda o: docs[o[0]][o[1]][1])[-k:] if len(occ) > k else occ

@@ -147,6 +147,7 @@ configs = st.fixed_dictionaries({
     "max_spec_offset": st.sampled_from([0.0, 1.0, -1.0]),
     "min_token_prob": st.sampled_from([0.0, 0.1, 0.4]),
     "global_max_tokens": st.integers(0, 30),
+    "max_occurrences": st.sampled_from([1, 2, 3, 1024]),
 })
 
 
@@ -202,10 +203,12 @@ def test_drafts_do_not_depend_on_how_appends_are_chunked(name, prompt, output, c
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_long_prompts_and_many_responses_match_the_reference(name):
-    """Large occurrence sets take the narrowing path; relocation and compaction kick in."""
+@pytest.mark.parametrize("max_occurrences", [1024, 5])
+def test_long_prompts_and_many_responses_match_the_reference(name, max_occurrences):
+    """Large occurrence sets take the narrowing path; relocation and compaction kick in
+    (they move documents: the newest occurrences must still be found by stamp)."""
     rng = np.random.default_rng(0)
-    config = DrafterConfig(max_depth=12, max_spec_tokens=8, global_max_tokens=500)
+    config = DrafterConfig(max_depth=12, max_spec_tokens=8, global_max_tokens=500, max_occurrences=max_occurrences)
     real, naive = create_drafter(name, config), NaiveDrafter(config)
     motif = rng.integers(0, 6, size=40).tolist()
     for r in range(30):
@@ -222,6 +225,25 @@ def test_long_prompts_and_many_responses_match_the_reference(name):
     stats = real.memory_stats()
     assert stats["evicted_responses"] > 0 and stats["compactions"] > 0
     assert stats["global_tokens"] <= 500
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_a_periodic_history_is_walked_from_its_newest_occurrences(name):
+    """max_occurrences bounds the work on repetitive text. The best pattern here (22
+    tokens, budget 42) recurs 394 times; with 16 the walk counts the newest 16, the ones
+    nearest the context's end, whose continuations run out sooner: same tokens, lower
+    path probabilities (at depth j, 16 - ceil(j / 3) of them are still on the path)."""
+    prompt = [1, 2, 3] * 400 + [1, 2]
+    drafts = []
+    for k in (1024, 16):
+        d = create_drafter(name, DrafterConfig(max_occurrences=k))
+        d.start_request("a", prompt)
+        drafts.append(d.speculate("a"))
+    full, capped = drafts
+    assert full.tokens == capped.tokens == (3, 1, 2) * 14 and full.match_len == capped.match_len == 22
+    assert (full.match_count, capped.match_count) == (394, 16)
+    assert capped.probs[:4] == (15 / 16, 15 / 16, 15 / 16, 14 / 16) and capped.score == pytest.approx(22.3125)
+    assert full.score == pytest.approx(41.2005076)
 
 
 def _dense_drafts(name, records, config=None):

@@ -1,13 +1,16 @@
 """Cache drafter cost on periodic text, as the global cache fills (issue: HVD's CPU time per
 decode step grew ~50x on the CPU harness's digit-cycle model).
 
-    python launch/bench/bench_periodic.py [--requests 60] [--drafters native,python]
+    python launch/bench/bench_periodic.py [--requests 60] [--drafters native,python] [--max-occurrences 1024,1000000]
 
 Each request's prompt and output walk a 10-token cycle; after each request finishes, its
 400-token response joins the global cache. Prints the mean speculate + append time per
-decode step every 10 requests, per drafter. The native searcher scans every occurrence of
-the context's last two tokens, so on periodic text its step cost grows with the global
-cache (linearly); the Python reference walks a suffix tree and stays flat.
+decode step every 10 requests, per drafter. Every occurrence of a periodic pattern
+continues it, so without a bound the native searcher's work per draft grows with the
+global cache (linearly: 74 us -> 3.6 ms per step after 40 requests before the bound).
+DrafterConfig.max_occurrences (default 1024) walks a set from its newest 1024
+occurrences and stops matching once that many match the whole context: the cost levels
+off once the cache holds that many (--max-occurrences to compare).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ CYCLE = list(range(15, 25))
 OUTPUT_TOKENS = 400
 
 
-def step_costs_us(name: str, requests: int, every: int) -> list[tuple[int, float]]:
-    drafter = create_drafter(name, DrafterConfig())
+def step_costs_us(name: str, requests: int, every: int, max_occurrences: int) -> list[tuple[int, float]]:
+    drafter = create_drafter(name, DrafterConfig(max_occurrences=max_occurrences))
     prompt = np.array(CYCLE * 3, dtype=np.int32)
     text = CYCLE * (OUTPUT_TOKENS // len(CYCLE) + 2)
     out_rows = []
@@ -53,14 +56,21 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=60, metavar="N", help="requests served in a row (default: %(default)s)")
     p.add_argument("--drafters", default="native,python", metavar="D1,D2", help="drafters (default: %(default)s)")
+    p.add_argument("--max-occurrences", default="1024", metavar="K1,K2",
+                   help="DrafterConfig.max_occurrences values to compare (default: %(default)s)")
     a = p.parse_args(argv)
     if a.requests < 1:
         p.error("--requests must be >= 1")
-    rows = {name: step_costs_us(name, a.requests, 10) for name in a.drafters.split(",")}
+    try:
+        caps = [int(k) for k in a.max_occurrences.split(",")]
+    except ValueError:
+        p.error(f"--max-occurrences: integers expected, got {a.max_occurrences!r}")
+    rows = {f"{name} K={k}": step_costs_us(name, a.requests, 10, k) for name in a.drafters.split(",") for k in caps}
     names = list(rows)
-    print("requests in the global cache  " + "  ".join(f"{n + ' us/step':>16}" for n in names))
+    width = max(20, *(len(n) + 8 for n in names))
+    print("requests in the global cache  " + "  ".join(f"{n + ' us/step':>{width}}" for n in names))
     for i, (req, _) in enumerate(rows[names[0]]):
-        print(f"{req:>28}  " + "  ".join(f"{rows[n][i][1]:>16.0f}" for n in names))
+        print(f"{req:>28}  " + "  ".join(f"{rows[n][i][1]:>{width}.0f}" for n in names))
     return 0
 
 

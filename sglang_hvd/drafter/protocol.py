@@ -48,6 +48,10 @@ class DrafterConfig:
         "help": "stop drafting when the path probability of the next token drops below this"})
     global_max_tokens: int = dataclasses.field(default=2_000_000, metadata={
         "help": "token budget of the global tree of responses; the oldest finished ones are evicted first"})
+    max_occurrences: int = dataclasses.field(default=1024, metadata={
+        "help": "a pattern's draft is walked from at most this many of its occurrences, the most recently "
+                "appended (bounds drafting CPU on repetitive text; the one-token pattern's first token still "
+                "counts all)"})
 
     def __post_init__(self):
         if self.max_depth < 2:
@@ -60,6 +64,8 @@ class DrafterConfig:
             raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
         if self.global_max_tokens < 0:
             raise ValueError(f"global_max_tokens must be >= 0, got {self.global_max_tokens}")
+        if self.max_occurrences < 1:
+            raise ValueError(f"max_occurrences must be >= 1, got {self.max_occurrences}")
 
     def budget(self, match_len: int) -> int:
         """Most tokens a pattern of ``match_len`` tokens may draft."""

@@ -11,6 +11,11 @@ lengths that share a set share the draft: only its budget differs. We therefore
   3. draft from each distinct set, longest pattern first, skipping sets whose budget
      cannot beat the best score so far (probabilities are <= 1, so score <= budget).
 
+A set larger than ``max_occurrences`` (K) is walked from its K most recently appended
+occurrences (by stamp), which bounds the work on repetitive text; the one-token
+pattern's first token still counts all of its occurrences (as the native drafter's
+cached successor counts do), and its walk goes on from the newest K.
+
 Worked example: context ``... 4 7 8``, arena positions of 8 = {10, 31, 52(self)}.
 Length 1: {10, 31, 52}. Looking one back, arena[9]=7, arena[30]=7, arena[51]=7: length 2
 keeps all three. Two back, arena[8]=4, arena[29]=2, arena[50]=4: length 3 -> {10, 52}.
@@ -67,8 +72,16 @@ def _groups(index: TokenIndex, rev: np.ndarray, max_p: int) -> list[tuple[int, i
     return groups
 
 
-def _walk(index: TokenIndex, ends: np.ndarray, limit: int, min_prob: float):
-    """Greedy most-frequent-child walk from a node whose occurrences end at ``ends``.
+def newest(index: TokenIndex, ends: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` occurrences of ``ends`` appended last (all if fewer), ascending."""
+    if len(ends) <= k:
+        return ends
+    return np.sort(ends[np.argsort(index.stamps[ends], kind="stable")[-k:]])
+
+
+def _walk(index: TokenIndex, ends: np.ndarray, limit: int, min_prob: float, cap: int, exact_first: bool = False):
+    """Greedy most-frequent-child walk from a node whose occurrences end at ``ends``,
+    counting over the newest ``cap`` of them (after the first step: ``exact_first``).
 
     Returns ``(tokens, probs, child_counts)``. The parent count at each step is the
     number of occurrences still on the path, including those whose next slot is a
@@ -76,12 +89,16 @@ def _walk(index: TokenIndex, ends: np.ndarray, limit: int, min_prob: float):
     """
     arena = index.arena
     prob = 1.0
-    cur = ends
+    cur = ends if exact_first else newest(index, ends, cap)
     tokens: list[int] = []
     probs: list[float] = []
     counts: list[int] = []
     # Large sets: narrow with numpy until the set is small enough for plain lists.
     while len(cur) > _SMALL_SET and len(tokens) < limit:
+        if tokens:
+            cur = newest(index, cur, cap)
+            if len(cur) <= _SMALL_SET:
+                break
         nxt = arena[cur + 1]
         valid = nxt >= 0
         nv = nxt[valid]
@@ -110,6 +127,7 @@ def _walk(index: TokenIndex, ends: np.ndarray, limit: int, min_prob: float):
     todo = limit - len(tokens)
     if todo <= 0:
         return tokens, probs, counts
+    cur = newest(index, cur, cap) if tokens or not exact_first else cur
     # Small sets: the next `todo` tokens after every occurrence, walked in Python.
     rows = arena[cur[:, None] + 1 + np.arange(todo)[None, :]].tolist()  # [len(cur), todo]
     alive = list(range(len(rows)))
@@ -145,6 +163,9 @@ def _walk(index: TokenIndex, ends: np.ndarray, limit: int, min_prob: float):
         probs.append(prob)
         counts.append(best)
         alive = [i for i in alive if rows[i][step] == tok]
+        if len(alive) > cap:  # after an exact first step: go on from the newest K
+            stamps = index.stamps
+            alive = sorted(sorted(alive, key=lambda i: int(stamps[int(cur[i]) + 1 + step]))[-cap:])
     return tokens, probs, counts
 
 
@@ -169,13 +190,20 @@ def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfi
     rev = np.ascontiguousarray(context_tail[::-1][: max_p + 1])
     best = EMPTY_DRAFT
     budgets = _budget_table(config)
-    for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p)):
+    groups = _groups(index, rev, max_p)
+    for p_lo, p_hi, ends in reversed(groups):
         # Same set => same walk; pick the length with the largest budget (ties: longer).
         p = _best_length(config, p_lo, p_hi)
         limit = budgets[p]
         if limit <= best.score:
             continue
-        tokens, probs, counts = _walk(index, ends, limit, config.min_token_prob)
+        # The one-token pattern alone (its set is not the two-token one's) counts its first
+        # token over every occurrence; every other set is walked from its newest K.
+        alone = p_hi == 1 and not (max_p == 1 and bool(np.all(index.arena[ends - 1] == rev[1])))
+        tokens, probs, counts = _walk(index, ends, limit, config.min_token_prob, config.max_occurrences,
+                                      exact_first=alone)
+        if not alone:
+            ends = newest(index, ends, config.max_occurrences)
         score = float(sum(probs))
         if tokens and score > best.score:
             # Every length of the set whose budget admits the whole walk drafts the same

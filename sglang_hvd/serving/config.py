@@ -11,7 +11,8 @@ variables; ``sglang serve`` and ``sgl.Engine`` users set them directly:
   SGLANG_HVD_EAGLE_RESERVE=M          override the EAGLE3 nodes kept beside a cache draft (topk > 1)
   SGLANG_HVD_DRAFTER=native|python    cache drafter implementation (default: fastest built)
   SGLANG_HVD_MAX_DEPTH, _MAX_SPEC_TOKENS, _MAX_SPEC_FACTOR, _MAX_SPEC_OFFSET,
-  _MIN_TOKEN_PROB, _GLOBAL_MAX_TOKENS  drafter settings (default: the gate's own)
+  _MIN_TOKEN_PROB, _GLOBAL_MAX_TOKENS,
+  _MAX_OCCURRENCES                    drafter settings (default: the gate's own)
   SGLANG_HVD_RECORD_TRACES=PATH       write token traces of served requests to PATH
   SGLANG_HVD_RECORD_QUEUE=N           recorder queue bound; beyond it records are dropped (4096)
   SGLANG_HVD_ALLOW_SGLANG_VERSION=V   run on an sglang version other than the tested one

@@ -4,8 +4,10 @@
 // the moment it was appended (a per-index clock), and a depth-limited suffix trie's counts
 // follow from where strings end. What differs is how lookups are made fast:
 //
-//   bigram index   (prev, tok) -> arena positions of tok preceded by prev (may hold stale
-//                  entries of moved or removed documents, filtered on lookup)
+//   bigram index   (prev, tok) -> arena positions of tok preceded by prev, in the order
+//                  they were appended (stamp order: a moved document's entries are sorted
+//                  back into place on the next lookup); may hold stale entries of moved or
+//                  removed documents, filtered on lookup
 //   token counts   live occurrences of each token
 //   successors     prev -> {tok: (count, newest stamp)} with the best child cached, so a
 //                  one-token pattern needs no scan of its (possibly huge) occurrence set
@@ -18,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -114,11 +117,13 @@ public:
         return it == counts_.end() ? 0 : it->second;
     }
 
-    // Live end positions of the bigram (prev, tok), ascending.
-    void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out) const {
+    // Live end positions of the bigram (prev, tok), oldest first (ascending stamps).
+    void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out) {
         out.clear();
-        auto it = bigrams_.find(bigram_key(prev, tok));
+        uint64_t key = bigram_key(prev, tok);
+        auto it = bigrams_.find(key);
         if (it == bigrams_.end()) return;
+        if (!unsorted_.empty() && unsorted_.erase(key)) restore_stamp_order(it->second, prev, tok);
         for (int32_t e : it->second)
             if (arena_[e] == tok && arena_[e - 1] == prev) out.push_back(e);
     }
@@ -235,10 +240,23 @@ private:
             stamps_[start + k] = stamps_[d.start + k];
             arena_[d.start + k] = SENTINEL;
         }
-        for (int64_t k = 1; k < d.len; ++k)
-            bigrams_[bigram_key(arena_[start + k - 1], arena_[start + k])].push_back(static_cast<int32_t>(start + k));
+        for (int64_t k = 1; k < d.len; ++k) {
+            uint64_t key = bigram_key(arena_[start + k - 1], arena_[start + k]);
+            bigrams_[key].push_back(static_cast<int32_t>(start + k));
+            unsorted_.insert(key);
+        }
         dead_ += d.cap + 1;
         moved = Doc{start, d.len, new_cap};
+    }
+
+    // Drop stale entries and sort the rest by stamp (after a relocation appended a moved
+    // document's entries at the back with their old stamps).
+    void restore_stamp_order(std::vector<int32_t>& list, int32_t prev, int32_t tok) {
+        size_t w = 0;
+        for (int32_t e : list)
+            if (arena_[e] == tok && arena_[e - 1] == prev) list[w++] = e;
+        list.resize(w);
+        std::sort(list.begin(), list.end(), [&](int32_t a, int32_t b) { return stamps_[a] < stamps_[b]; });
     }
 
     void compact() {
@@ -263,6 +281,9 @@ private:
         }
         arena_.swap(arena);
         stamps_.swap(stamps);
+        unsorted_.clear();
+        for (auto& [key, list] : bigrams_)  // rebuilt in document order: back to stamp order
+            std::sort(list.begin(), list.end(), [&](int32_t a, int32_t b) { return stamps_[a] < stamps_[b]; });
         size_ = size;
         dead_ = 0;
         compactions_ += 1;
@@ -274,6 +295,7 @@ private:
     int64_t size_ = 0, clock_ = 0, num_live_ = 0, dead_ = 0, compactions_ = 0;
     std::unordered_map<int64_t, Doc> docs_;
     std::unordered_map<uint64_t, std::vector<int32_t>> bigrams_;
+    std::unordered_set<uint64_t> unsorted_;  // lists holding a moved document's entries out of stamp order
     std::unordered_map<int32_t, int64_t> counts_;
     std::unordered_map<int32_t, Successors> succ_;
 };

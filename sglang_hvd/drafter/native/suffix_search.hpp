@@ -7,10 +7,17 @@
 // then each occurrence's backward match length. A one-token pattern (set E1, possibly
 // huge) is only walked when it can still win, and its first step comes from the cached
 // best successor instead of a scan.
+//
+// max_occurrences (K) bounds the work on repetitive text: a set is walked from its K
+// most recently appended occurrences. E2 comes oldest first, so its occurrences are
+// matched newest first, and the scan stops once K of them match the whole context (every
+// set's newest K are then among those scanned). The one-token pattern's first step still
+// counts all of E1 (cached); its walk goes on from the newest K of the two-token string.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "suffix_index.hpp"
@@ -26,6 +33,7 @@ struct Config {
     double max_spec_offset = 0.0;
     double min_token_prob = 0.1;
     int64_t global_max_tokens = 2000000;
+    int64_t max_occurrences = 1024;
 
     int budget(int p) const {
         // int() of the Python reference truncates toward zero, as the C++ cast does.
@@ -67,19 +75,27 @@ public:
         ix.bigram_ends(rev_[1], last, ends_);
         bool merged = static_cast<int64_t>(ends_.size()) == e1_count;  // E2 == E1: lengths 1 and 2 share a set
         if (!ends_.empty()) {
-            // Backward match length of every occurrence (>= 2), capped at max_p.
-            match_.resize(ends_.size());
-            for (size_t i = 0; i < ends_.size(); ++i) {
-                int64_t e = ends_[i];
+            // Backward match length (>= 2, capped at max_p) of the occurrences, newest
+            // first, until K of them match all max_p tokens: ends_[first:] are scanned.
+            const int64_t cap = cfg_.max_occurrences;
+            match_.assign(ends_.size(), 0);
+            int64_t full = 0;
+            size_t first = ends_.size();
+            while (first > 0 && full < cap) {
+                --first;
+                int64_t e = ends_[first];
                 int b = 2;
                 while (b < max_p && arena[e - b] == rev_[b]) ++b;
-                match_[i] = std::min(b, max_p);
+                match_[first] = std::min(b, max_p);
+                full += match_[first] == max_p;
             }
-            if (max_p < 2) std::fill(match_.begin(), match_.end(), max_p);
-            order_.resize(ends_.size());
-            for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(i);
+            if (max_p < 2)
+                for (size_t i = first; i < ends_.size(); ++i) match_[i] = max_p;
+            // Longest match first; within a level, newest first (index order is stamp order).
+            order_.resize(ends_.size() - first);
+            for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(first + i);
             std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
-                return match_[a] != match_[b] ? match_[a] > match_[b] : ends_[a] < ends_[b];
+                return match_[a] != match_[b] ? match_[a] > match_[b] : a > b;
             });
             // Distinct levels, longest first; the set of a level is a prefix of order_.
             size_t i = 0;
@@ -95,12 +111,19 @@ public:
                 int p = best_length(p_lo, p_hi);
                 int limit = budgets_[p];
                 if (limit <= best.score) continue;
+                // The set: the newest K of the scanned occurrences matching >= p_lo tokens.
+                newest_.assign(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(set_size));
+                if (static_cast<int64_t>(newest_.size()) > cap) {
+                    std::nth_element(newest_.begin(), newest_.begin() + cap, newest_.end(), std::greater<int32_t>());
+                    newest_.resize(static_cast<size_t>(cap));
+                }
                 cur_.clear();
-                for (size_t k = 0; k < set_size; ++k) cur_.push_back(ends_[order_[k]]);
+                for (int32_t k : newest_) cur_.push_back(ends_[k]);
                 std::sort(cur_.begin(), cur_.end());
+                const int64_t walked = static_cast<int64_t>(cur_.size());
                 Draft d;
-                walk(ix, cur_, limit, 1.0, d);
-                consider(d, static_cast<int64_t>(set_size), p_lo, p_hi, tree, best);
+                walk(ix, cur_, limit, 1.0, d);  // (narrows cur_)
+                consider(d, walked, p_lo, p_hi, tree, best);
             }
         }
         if (!merged) {
@@ -118,6 +141,9 @@ public:
                         d.child_counts.push_back(c);
                         if (limit > 1) {
                             ix.bigram_ends(last, tok, cur_);
+                            if (static_cast<int64_t>(cur_.size()) > cfg_.max_occurrences)  // the newest K
+                                cur_.erase(cur_.begin(), cur_.end() - cfg_.max_occurrences);
+                            std::sort(cur_.begin(), cur_.end());
                             walk(ix, cur_, limit, prob, d);
                         }
                     }
@@ -168,10 +194,14 @@ private:
             }
             // (token, stamp) of every continuation; sorted, runs are children.
             kids_.clear();
+            bool one_child = true;  // every occurrence continues with the same token (repetitive text)
             for (int64_t e : cur)
-                if (arena[e + 1] >= 0) kids_.emplace_back(arena[e + 1], stamps[e + 1]);
+                if (arena[e + 1] >= 0) {
+                    kids_.emplace_back(arena[e + 1], stamps[e + 1]);
+                    one_child = one_child && kids_.back().first == kids_.front().first;
+                }
             if (kids_.empty()) break;
-            std::sort(kids_.begin(), kids_.end());
+            if (!one_child) std::sort(kids_.begin(), kids_.end());
             int32_t tok = -1;
             int64_t best_count = 0, best_stamp = -1;
             for (size_t i = 0; i < kids_.size();) {
@@ -203,7 +233,7 @@ private:
     std::vector<int32_t> rev_;
     std::vector<int64_t> ends_, cur_;
     std::vector<int> match_;
-    std::vector<int32_t> order_;
+    std::vector<int32_t> order_, newest_;
     std::vector<std::pair<int32_t, int64_t>> kids_;
 };
 
