@@ -11,6 +11,9 @@
 # row, so a cache draft is verified 15 tokens at a time (README: "Serving with SGLang").
 # Tree rows need an attention backend that reads SGLang's tree mask (flashinfer, fa3,
 # triton; not trtllm_mha). HVD needs the non-overlap scheduler.
+# More GPUs: TP=2 (tensor parallelism: rank 0 decides, every rank verifies its rows) and/or
+# DP=2 (data parallelism: each rank its own HVD worker and cache; RECORD=t.jsonl then writes
+# t.dp0.jsonl, t.dp1.jsonl). Both ran on the CPU test harness only, never on GPUs.
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-8B}
 DRAFT=${DRAFT:-Tengyunw/qwen3_8b_eagle3}
@@ -24,5 +27,5 @@ exec python -m sglang_hvd.launch_server \
   --model-path "$MODEL" --port "$PORT" --attention-backend "$ATTENTION" \
   --speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFT" \
   --speculative-eagle-topk "$TOPK" --speculative-num-steps "$STEPS" --speculative-num-draft-tokens "$NODES" \
-  --disable-overlap-schedule \
+  --disable-overlap-schedule --tp-size "${TP:-1}" --dp-size "${DP:-1}" \
   --hvd-gate "$GATE" ${RECORD:+--hvd-record-traces "$RECORD"} "$@"

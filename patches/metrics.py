@@ -21,6 +21,7 @@ GAUGES = {
     "cpu_us_per_step": "CPU microseconds of drafting and gating per decode step",
     "gate_errors": "Steps whose gate call failed (they verified EAGLE3 drafts)",
     "recorded_dropped": "Trace records dropped because the recorder queue was full",
+    "recorded_failed": "Trace records lost because writing them failed (disk full, read-only file)",
 }
 
 

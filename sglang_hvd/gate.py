@@ -82,6 +82,9 @@ class Gate:
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
+        # A failing run raises to policy.decide, which falls back, counts and logs once;
+        # onnxruntime's own error line on every failed step would flood a server's log.
+        options.log_severity_level = 4
         try:
             self.session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types for bad models

@@ -166,6 +166,25 @@ def test_recorder_drops_rather_than_blocks(tmp_path):
     assert [x.req_id for x in iter_traces(str(tmp_path / "t.jsonl.gz"))] == ["a"]
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: disk full)")
+def test_a_full_disk_costs_records_not_the_recorder(caplog):
+    import logging
+
+    from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
+
+    rec = TraceRecorder("/dev/full", flush_s=0.05)  # every write: ENOSPC
+    big = token_array([7] * 3000)  # more than the file buffer: the write itself fails
+    with caplog.at_level(logging.ERROR, logger="sglang_hvd.serving.recorder"):
+        for i in range(5):
+            assert rec.record(TraceRecord(f"r{i}", "c", 0, "s", TokenizerId("t", "d"), big, big)) is True
+        rec.record(TraceRecord("small", "c", 0, "s", TokenizerId("t", "d"), token_array([1]), token_array([2])))
+        rec.close()  # returns: the writer thread is alive to take the stop
+    assert not rec._thread.is_alive()
+    assert (rec.num_written, rec.num_failed, rec.num_dropped) == (0, 6, 0)  # the small one fails at the flush
+    errors = [r.getMessage() for r in caplog.records]
+    assert len(errors) == 1 and "writing to /dev/full failed (OSError: [Errno 28] No space left on device)" in errors[0]
+
+
 def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
     st = HVDStepper(create_drafter("python"), None, VerifyShape(1, 3, 4), recorder=rec)

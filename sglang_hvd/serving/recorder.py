@@ -5,6 +5,9 @@
 lines (``.gz`` gets one gzip member per flush, which readers handle), flushing whenever
 the queue runs empty, at least every ``flush_s`` seconds, and on ``close()`` (also
 registered with atexit; a server killed with SIGKILL loses at most the current burst).
+A record that cannot be written (disk full, file gone read-only, a record that does not
+serialise) is counted (``num_failed``) and the writer goes on: the first failure is logged
+with its reason, later ones every 1,000; serving never sees them.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ class TraceRecorder:
     def __init__(self, path: str, max_queue: int = 4096, flush_s: float = 2.0):
         self.path = path
         self.num_written = 0
-        self.num_dropped = 0
+        self.num_dropped = 0  # the queue was full
+        self.num_failed = 0  # writing failed
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._flush_s = flush_s
         # Open now: an unwritable path is an error at start-up, not a silent loss later.
@@ -63,23 +67,39 @@ class TraceRecorder:
                 log.warning("HVD trace recorder queue full: %d record(s) dropped so far", self.num_dropped)
             return False
 
+    def _failed(self, what: str, e: Exception, records: int) -> None:
+        self.num_failed += records
+        if self.num_failed == records or self.num_failed // 1000 != (self.num_failed - records) // 1000:
+            log.error("HVD trace recorder: %s %s failed (%s: %s); %d record(s) lost so far, serving goes on",
+                      what, self.path, e.__class__.__name__, e, self.num_failed)
+
+    def _flush(self, unflushed: int) -> int:
+        try:
+            self._file.flush()
+        except Exception as e:  # disk full: what was buffered is lost
+            self.num_written -= unflushed
+            self._failed("flushing", e, unflushed)
+        return 0
+
     def _run(self) -> None:
+        unflushed = 0  # records written into the buffer since the last flush
         while True:
             try:
                 item = self._queue.get(timeout=self._flush_s)
             except queue.Empty:
-                self._file.flush()
+                unflushed = self._flush(unflushed)
                 continue
             if item is _STOP:
                 break
             try:
                 self._file.write(dump_line(item.to_json()))
                 self.num_written += 1
-            except Exception:  # a record that cannot be serialised must not kill the writer
-                log.exception("HVD trace recorder: could not write a record")
+                unflushed += 1
+            except Exception as e:  # a full disk or a record that cannot be serialised must not kill the writer
+                self._failed("writing to", e, 1)
             if self._queue.empty():  # end of a burst: on disk now, in case the process is killed
-                self._file.flush()
-        self._file.flush()
+                unflushed = self._flush(unflushed)
+        self._flush(unflushed)
 
     def close(self) -> None:
         """Write everything queued, then close the file (idempotent)."""
@@ -88,4 +108,7 @@ class TraceRecorder:
         self._closed = True
         self._queue.put(_STOP)
         self._thread.join(timeout=30)
-        self._file.close()
+        try:
+            self._file.close()
+        except Exception as e:
+            self._failed("closing", e, 0)

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 # What every replica of a fleet should agree on.
 GATE_KEYS = ("gate_digest", "decision", "gate_threshold", "gate_eagle_reserve", "verify_shape")
 SUMMED = ("steps", "rows", "cache_rows", "two_branch_rows", "eagle3_branch_wins", "cache_accepted", "eagle3_verifies",
-          "eagle3_accepted", "cpu_us_total", "gate_errors", "step_errors", "recorded_dropped")
+          "eagle3_accepted", "cpu_us_total", "gate_errors", "step_errors", "recorded_dropped", "recorded_failed")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

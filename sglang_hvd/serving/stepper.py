@@ -210,6 +210,7 @@ class HVDStepper:
             "eagle3_mean_accept": s.eagle3_accepted / max(eagle3_verifies, 1),
             "cpu_us_per_step": s.cpu_us_total / max(s.steps, 1),
             "recorded_dropped": getattr(self.recorder, "num_dropped", 0),
+            "recorded_failed": getattr(self.recorder, "num_failed", 0),
             # the counts behind the rates, so that several ranks or replicas add up exactly
             "cache_rows": s.cache_rows, "two_branch_rows": s.two_branch_rows, "cache_accepted": s.cache_accepted,
             "eagle3_verifies": eagle3_verifies, "eagle3_accepted": s.eagle3_accepted, "cpu_us_total": s.cpu_us_total,

@@ -247,8 +247,9 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", *, log_dir
                  startup_timeout: float = 60.0, python: str = SGLANG_PYTHON,
                  extra_args: list[str] | None = None) -> SGLangServer:
     """``sglang-router`` (the ``router`` extra) in front of running servers, on 127.0.0.1
-    and a free port; waits until its ``/health`` is OK. Returned as an SGLangServer
-    (``generate`` goes through the router; ``stop()`` ends it)."""
+    and a free port; waits until every worker is registered and healthy in its
+    ``/workers`` (its ``/health`` answers before it has any). Returned as an
+    SGLangServer (``generate`` goes through the router; ``stop()`` ends it)."""
     port = free_port()
     args = [python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, "--policy", policy,
             "--host", "127.0.0.1", "--port", str(port), *(extra_args or [])]
@@ -260,8 +261,16 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", *, log_dir
         log.flush()
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=log_dir)
     router = SGLangServer(url=f"http://127.0.0.1:{port}", pid=proc.pid, log_path=log_path, args=args, process=proc)
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(router.url + "/workers", timeout=5) as resp:
+                workers = json.loads(resp.read()).get("workers", [])
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, ValueError):
+            return False
+        return len(workers) == len(worker_urls) and all(w.get("is_healthy") for w in workers)
+
     try:
-        while not router.healthy():
+        while not ready():
             if proc.poll() is not None or time.time() - started > startup_timeout:
                 raise ServerStartError(f"sglang-router did not become healthy (exit code {proc.returncode})\n"
                                        f"command: {' '.join(args)}\n--- log tail ({log_path}) ---\n{router.log_tail(40)}")
@@ -271,6 +280,48 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", *, log_dir
         raise
     router.start_seconds = time.time() - started
     return router
+
+
+def _json(url: str, method: str = "GET", body: dict | None = None, timeout: float = 10.0):
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def _wait(condition, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        if time.time() > deadline:
+            raise TimeoutError(f"{what}: not done after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def router_workers(router: SGLangServer) -> list[dict]:
+    return _json(router.url + "/workers")["workers"]
+
+
+def roll_replica(router: SGLangServer, old: SGLangServer, restart, timeout: float = 240.0) -> SGLangServer:
+    """Replace one replica behind sglang-router without failing a request: take it out
+    of the router (``DELETE /workers/ID``), wait until it has no request left
+    (``/v1/loads``), stop it, ``restart()`` (returns the new server), add that to the
+    router (``POST /workers``) and wait until the router reports it healthy. The
+    procedure the README gives for rolling a new gate."""
+    (worker,) = [w for w in router_workers(router) if w["url"] == old.url]
+    _json(f"{router.url}/workers/{worker['id']}", method="DELETE")
+    _wait(lambda: all(w["url"] != old.url for w in router_workers(router)), timeout, "router removes the worker")
+
+    def drained() -> bool:
+        loads = _json(old.url + "/v1/loads?include=core")["loads"]
+        return all(l.get("num_running_reqs", 0) + l.get("num_waiting_reqs", 0) == 0 for l in loads)
+
+    _wait(drained, timeout, f"{old.url} drains")
+    old.stop()
+    new = restart()
+    _json(router.url + "/workers", method="POST", body={"url": new.url})
+    _wait(lambda: any(w["url"] == new.url and w.get("is_healthy") for w in router_workers(router)), timeout,
+          "router adds the restarted worker")
+    return new
 
 
 def sglang_available(python: str = SGLANG_PYTHON) -> str | None:

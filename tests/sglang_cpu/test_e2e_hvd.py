@@ -11,6 +11,8 @@ Servers (one at a time, ~40 s to start each): the tiny random Llama target, with
               loads but fails at run time on every batch size but 2
   hvd_dp2     HVD with data parallelism (--dp-size 2: two schedulers, each its own HVD
               worker, global cache and recorder file), every cache draft verified
+  hvd_tp2     HVD with tensor parallelism (--tp-size 2 over gloo, tests/sglang_cpu shim):
+              rank 0 decides, both ranks verify its rows; every cache draft verified
   router      two HVD servers (as hvd, without recording) behind sglang-router's
               cache-aware policy
 Every prompt is sent twice; the second round finds the first round's responses in the
@@ -22,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 
@@ -31,6 +32,7 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 
 from . import harness  # noqa: E402
+from .faults import faulty_gate  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 REPO = harness.REPO
@@ -66,7 +68,7 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
     m = sglang_cpu_models
     work = tmp_path_factory.mktemp("hvd_e2e")
     eagle = harness.eagle3_args(m.llama_draft, topk=1, steps=3)
-    broken = _broken_gate(qwen_gate, str(work / "broken_gate"))
+    broken = faulty_gate(qwen_gate, str(work / "broken_gate"), works_only_at=2)
     configs = {
         "reference": dict(extra_args=[]),
         "eagle3": dict(extra_args=eagle),
@@ -77,6 +79,8 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
         # SGLang's CPU path binds each rank to a NUMA node unless told which cores to use.
         "hvd_dp2": dict(extra_args=eagle + ["--dp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1",
                                             "--hvd-record-traces", str(work / "dp.jsonl")],
+                        launcher="sglang_hvd.launch_server", env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}),
+        "hvd_tp2": dict(extra_args=eagle + ["--tp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1"],
                         launcher="sglang_hvd.launch_server", env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}),
     }
     out = {"work": work}
@@ -106,36 +110,51 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
 
 
 def _behind_router(factory, model: str, hvd: dict, work) -> dict:
-    """PROMPTS twice through sglang-router (cache_aware) over two HVD servers."""
+    """PROMPTS twice through sglang-router (cache_aware) over two HVD servers; then a
+    gate roll (threshold -1 -> 0.5, one replica at a time, harness.roll_replica) while
+    three clients keep sending PROMPTS, with ``hvd status`` between the two restarts."""
+    import threading
+
     env = {k: v for k, v in hvd["env"].items() if k != "SGLANG_HVD_RECORD_TRACES"}
     replicas = [factory(model, extra_args=hvd["extra_args"], env=env) for _ in range(2)]
     router = harness.start_router([r.url for r in replicas], "cache_aware", log_dir=str(work))
     try:
         rounds = [router.generate_many(PROMPTS) for _ in range(2)]
         status = _hvd(["status", *(r.url for r in replicas)])
-        return dict(rounds=rounds, infos=[r.server_info() for r in replicas], status=status, log=router.log_path)
+        infos = [r.server_info() for r in replicas]
+        flowing, failed, stop = [], [], threading.Event()
+
+        def client(k):
+            i = k
+            while not stop.is_set():
+                try:
+                    flowing.append((i % len(PROMPTS), router.generate(**PROMPTS[i % len(PROMPTS)])["output_ids"]))
+                except Exception as e:  # counted: the roll must lose none
+                    failed.append(repr(e)[:500])
+                i += 1
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        mid_roll = None
+        try:
+            for k in range(2):
+                port = int(replicas[k].url.rsplit(":", 1)[1])
+                replicas[k] = harness.roll_replica(router, replicas[k], lambda: factory(
+                    model, extra_args=hvd["extra_args"], env={**env, "SGLANG_HVD_THRESHOLD": "0.5"}, port=port))
+                if k == 0:
+                    mid_roll = _hvd(["status", *(r.url for r in replicas)])
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        rolled = _hvd(["status", *(r.url for r in replicas)])
+        return dict(rounds=rounds, infos=infos, status=status, log=router.log_path, flowing=flowing, failed=failed,
+                    mid_roll=mid_roll, rolled=rolled)
     finally:
         router.stop()
         for r in replicas:
             r.stop()
-
-
-def _broken_gate(good: str, where: str) -> str:
-    """The trained gate with a Reshape to batch 2 appended: it loads (the load-time probe
-    uses 2 rows) and raises inside onnxruntime on every other batch size."""
-    import onnx
-    from onnx import helper, numpy_helper
-    import numpy as np
-
-    shutil.copytree(good, where)
-    model = onnx.load(os.path.join(where, "gate.onnx"))
-    g = model.graph
-    last = g.node[-1]
-    last.output[0] = "pre_broken"
-    g.initializer.append(numpy_helper.from_array(np.array([2], dtype=np.int64), "two"))
-    g.node.append(helper.make_node("Reshape", ["pre_broken", "two"], ["accept_len"]))
-    onnx.save(model, os.path.join(where, "gate.onnx"))
-    return where
 
 
 def _collect(server, work) -> dict:
@@ -221,6 +240,18 @@ def test_data_parallel_ranks_each_run_hvd_and_record_their_own_file(runs, qwen_g
     assert totals["steps"] == sum(h["steps"] for h in stats) and totals["ranks"] == 2
 
 
+def test_tensor_parallel_ranks_verify_rank_0s_rows(runs):
+    """TP 2: only rank 0 drafts and gates; its plans are broadcast every step and both
+    ranks rewrite and verify the same rows (else their all-reduced forwards would mix
+    different rows and the output would differ)."""
+    want = _tokens(runs["reference"], 0)
+    tp = runs["hvd_tp2"]
+    assert _tokens(tp, 0) == want and _tokens(tp, 1) == want, tp["log"]
+    stats = [s["hvd"] for s in tp["info"]["internal_states"] if "hvd" in s]
+    assert len(stats) == 1 and stats[0]["step_errors"] == 0 and stats[0]["cache_rows"] > 0
+    assert _accept_length(tp, 1) > 2.5  # round 2: rank 0's cache rows, accepted on both ranks
+
+
 def test_two_hvd_servers_behind_the_router_serve_losslessly_on_one_gate(runs):
     want = _tokens(runs["reference"], 0)
     router = runs["router"]
@@ -231,6 +262,18 @@ def test_two_hvd_servers_behind_the_router_serve_losslessly_on_one_gate(runs):
     # Cache-aware routing sends a repeated prompt to the replica that served it: round 2
     # finds round 1's responses in that replica's global cache, as on one server.
     assert _accept_length(router, 1) > 2.5
+
+
+def test_a_gate_roll_behind_the_router_loses_no_request(runs):
+    """Each replica in turn: out of the router, drained, restarted with the new setting,
+    back in; three clients sent requests throughout."""
+    router = runs["router"]
+    want = _tokens(runs["reference"], 0)
+    assert router["failed"] == [] and len(router["flowing"]) > 20
+    assert all(out == want[i] for i, out in router["flowing"])
+    # Half-way the fleet serves two settings, and hvd status says so; after the roll, one.
+    assert router["mid_roll"].returncode == 1 and "not one gate: gate_threshold: 0.5" in router["mid_roll"].stdout
+    assert router["rolled"].returncode == 0 and "one gate: digest" in router["rolled"].stdout
 
 
 def test_cache_drafts_lift_accept_length_when_the_cache_knows_the_answer(runs):

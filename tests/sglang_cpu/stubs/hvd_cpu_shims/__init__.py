@@ -14,7 +14,9 @@ Python process (SGLang spawns its scheduler and detokenizer with ``spawn``) when
   ``attention.py``;
 * with ``HVD_TEST_TREE_MASK_MODE=full`` also ``sglang.srt.speculative.eagle_worker_v2``:
   its EAGLE trees are built with the FULL_MASK layout (what GPU attention backends
-  read) instead of the CPU's QLEN_ONLY, so HVD's row rewriter is tested on both.
+  read) instead of the CPU's QLEN_ONLY, so HVD's row rewriter is tested on both;
+* ``sglang.srt.distributed.parallel_state``: TP groups without the CUDA communicators,
+  so ``--tp-size 2`` all-reduces over gloo (``distributed.py``).
 
 ``contract.py`` lists every private SGLang symbol these shims rely on; the patches
 check it first and raise ``ShimContractError`` naming what changed.
@@ -33,11 +35,12 @@ STUBS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _installed = False
 
 
-# module -> patch function in attention.py (resolved lazily: importing torch from
+# module -> "shim module:patch function" (resolved lazily: importing torch from
 # sitecustomize, before the program's own imports, is avoided)
 PATCHED_MODULES = {
-    "sglang.srt.layers.attention.torch_native_backend": "patch_torch_native_backend",
-    "sglang.srt.speculative.draft_utils": "patch_draft_backend_factory",
+    "sglang.srt.layers.attention.torch_native_backend": "attention:patch_torch_native_backend",
+    "sglang.srt.speculative.draft_utils": "attention:patch_draft_backend_factory",
+    "sglang.srt.distributed.parallel_state": "distributed:patch_parallel_state",
 }
 
 
@@ -45,17 +48,20 @@ def _patched_modules() -> dict[str, str]:
     names = dict(PATCHED_MODULES)
     mode = os.environ.get(MASK_MODE_FLAG, "")
     if mode == "full":
-        names["sglang.srt.speculative.eagle_worker_v2"] = "force_full_tree_mask"
+        names["sglang.srt.speculative.eagle_worker_v2"] = "attention:force_full_tree_mask"
     elif mode:
         raise ValueError(f"{MASK_MODE_FLAG}={mode!r}: only 'full' is known")
     return names
 
 
 def _apply(name: str, module) -> None:
-    from . import attention, contract
+    import importlib
+
+    from . import contract
 
     contract.check_module(name, module)  # raises ShimContractError, naming the symbol
-    getattr(attention, _patched_modules()[name])(module)
+    shim, function = _patched_modules()[name].split(":")
+    getattr(importlib.import_module(f"{__name__}.{shim}"), function)(module)
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -51,6 +51,10 @@ SIGNATURES: dict[tuple[str, str], list[str]] = {
         "accept_tokens", "accept_lens", "bonus_tokens", "accept_stride", "batch_size"],
     ("sglang.kernels.ops.speculative.eagle", "fill_accept_out_cache_loc_func"): [
         "accept_index", "out_cache_loc", "accept_out_cache_loc", "size"],
+    # patched by distributed.patch_parallel_state (every GPU communicator switched off)
+    ("sglang.srt.distributed.parallel_state", "init_model_parallel_group"): [
+        "group_ranks", "local_rank", "backend", "use_pynccl", "use_custom_allreduce", "use_message_queue_broadcaster",
+        "group_name", "use_mscclpp", "use_torch_symm_mem_allreduce", "recovered_rank", "rank_offset", "max_world_size"],
     ("sglang.kernels.ops.kvcache.cache_move", "copy_all_layer_kv_cache_func"): [
         "data_ptrs", "strides", "tgt_loc", "src_loc", "num_locs", "num_locs_upper", "kv_copy_config"],
 }
