@@ -208,6 +208,9 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                     "gate_threshold": self.hvd.rule.threshold,
                     "gate_eagle_reserve": self.hvd.rule.eagle_reserve, "verify_shape": self.hvd_shape.describe()}
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
-               "dp_rank": self._hvd_dp_rank or 0}
+               "dp_rank": self._hvd_dp_rank or 0,
+               # requests HVD still tracks: 0 on an idle server, or some request leaks
+               "tracked_requests": len(self._hvd_reqs),
+               "stepper_requests": len(self.hvd.running()) if self.hvd is not None else 0}
         # /server_info is strict JSON: a threshold of -inf (verify every cache draft) goes as "-inf"
         return {k: repr(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in out.items()}
