@@ -43,7 +43,19 @@ def gate_digest(model: str | bytes, spec: GateSpec, token_flags: np.ndarray) -> 
     return h.hexdigest()[:16]
 
 
-class Gate:
+class _Served:
+    """What every gate-like object shares: ``rule`` and ``verify_model`` set by the class."""
+
+    @property
+    def threshold(self) -> float:
+        return self.rule.threshold
+
+    @property
+    def shape(self):
+        return self.verify_model.shape
+
+
+class Gate(_Served):
     """Predicts accept_len for a batch of feature rows with one onnxruntime call.
 
     ``spec`` (GateSpec) says what it was trained for; ``rule`` is the decision rule it
@@ -102,14 +114,6 @@ class Gate:
         self.digest = gate_digest(model, spec, token_flags)
 
     @property
-    def threshold(self) -> float:
-        return self.rule.threshold
-
-    @property
-    def shape(self):
-        return self.verify_model.shape
-
-    @property
     def decision(self) -> str:
         """How rows are chosen, as /server_info and the start-up log say it."""
         return "gate"
@@ -125,7 +129,7 @@ class Gate:
         return self.predict(feature_rows(self.extractor, drafts, states))
 
 
-class ScoreRuleGate:
+class ScoreRuleGate(_Served):
     """The score rule in the gate's place (ArcticInference's rule, served by HVD): a row
     verifies its cache draft when the draft's score (sum of its token probabilities) is
     at least ``min_score``; the rows are built as the gate's would be (its verify shape,
@@ -158,14 +162,6 @@ class ScoreRuleGate:
     @property
     def decision(self) -> str:
         return f"score >= {self.min_score:g}"
-
-    @property
-    def threshold(self) -> float:
-        return self.rule.threshold
-
-    @property
-    def shape(self):
-        return self.verify_model.shape
 
     def predict_rows(self, drafts: dict[str, np.ndarray], states) -> np.ndarray:
         return np.asarray(drafts["score"], dtype=np.float64)

@@ -201,6 +201,17 @@ def server_env(extra_env: dict | None = None) -> dict:
     return env
 
 
+def _spawn(args: list[str], log_path: str, port: int, env: dict | None = None) -> SGLangServer:
+    """Run ``args`` in a new session (its process group is what ``stop()`` kills), output
+    to ``log_path`` after the command line, working directory the log's folder."""
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(args) + "\n")
+        log.flush()
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                cwd=os.path.dirname(log_path))
+    return SGLangServer(url=f"http://127.0.0.1:{port}", pid=proc.pid, log_path=log_path, args=args, process=proc)
+
+
 def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict | None = None, *,
                  startup_timeout: float = 240.0, log_dir: str | None = None, port: int | None = None,
                  base_args: list[str] | None = None, python: str = SGLANG_PYTHON,
@@ -217,14 +228,9 @@ def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict 
     args = [python, "-m", launcher, "--model-path", model_dir, "--host", "127.0.0.1", "--port", str(port),
             *(BASE_ARGS if base_args is None else base_args), *(extra_args or [])]
     log_dir = log_dir or tempfile.mkdtemp(prefix="sglang_cpu_")
-    log_path = os.path.join(log_dir, f"server_{port}.log")
     started = time.time()
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(args) + "\n")
-        log.flush()
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=server_env(env), start_new_session=True,
-                                cwd=log_dir)
-    server = SGLangServer(url=f"http://127.0.0.1:{port}", pid=proc.pid, log_path=log_path, args=args, process=proc)
+    server = _spawn(args, os.path.join(log_dir, f"server_{port}.log"), port, env=server_env(env))
+    proc, log_path = server.process, server.log_path
     try:
         while True:
             if proc.poll() is not None:
@@ -254,13 +260,10 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", *, log_dir
     args = [python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, "--policy", policy,
             "--host", "127.0.0.1", "--port", str(port), *(extra_args or [])]
     log_dir = log_dir or tempfile.mkdtemp(prefix="sglang_router_")
-    log_path = os.path.join(log_dir, f"router_{port}.log")
     started = time.time()
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(args) + "\n")
-        log.flush()
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=log_dir)
-    router = SGLangServer(url=f"http://127.0.0.1:{port}", pid=proc.pid, log_path=log_path, args=args, process=proc)
+    router = _spawn(args, os.path.join(log_dir, f"router_{port}.log"), port)
+    proc, log_path = router.process, router.log_path
+
     def ready() -> bool:
         try:
             with urllib.request.urlopen(router.url + "/workers", timeout=5) as resp:
