@@ -17,6 +17,9 @@ TARGET = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
 # /server_info's internal state gains an "hvd" block (verify counts, pick rate, CPU time).
 STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
                 "SchedulerInternalStateController._add_speculative")
+# ... and, where the HTTP server gathers them (one per DP rank), one more entry
+# {"hvd_total": ...}: the ranks' counts summed, rates recomputed (serving/status.py).
+TOTAL_TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.get_internal_state"
 
 
 def create_worker_hook(original, algorithm, server_args, *args, **kwargs):
@@ -45,6 +48,22 @@ def add_hvd_state(result, controller, state, *args, **kwargs):
     return result
 
 
+def add_hvd_total(original, *args, **kwargs):
+    async def gathered():
+        states = await original(*args, **kwargs)
+        try:
+            from sglang_hvd.serving.status import fleet_status
+
+            status = fleet_status([("server", {"internal_states": states})])
+            if status.ranks and isinstance(states, list):
+                states = [*states, {"hvd_total": dict(status.totals)}]
+        except Exception as e:  # /server_info must answer whatever HVD's summary does
+            log.warning("HVD: could not sum the ranks' figures for /server_info (%s)", e)
+        return states
+
+    return gathered()
+
+
 def register() -> bool:
     """Install the hook when HVD is enabled; returns whether it (already) is installed."""
     global _registered
@@ -59,6 +78,7 @@ def register() -> bool:
 
     HookRegistry.register(TARGET, create_worker_hook, HookType.AROUND)
     HookRegistry.register(STATE_TARGET, add_hvd_state, HookType.AFTER)
+    HookRegistry.register(TOTAL_TARGET, add_hvd_total, HookType.AROUND)
     _registered = True
     log.info("HVD plugin registered (gate %s)", config.gate)
     return True

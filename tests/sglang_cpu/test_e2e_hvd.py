@@ -12,7 +12,8 @@ Servers (one at a time, ~40 s to start each): the tiny random Llama target, with
   hvd_dp2     HVD with data parallelism (--dp-size 2: two schedulers, each its own HVD
               worker, global cache and recorder file), every cache draft verified
   hvd_tp2     HVD with tensor parallelism (--tp-size 2 over gloo, tests/sglang_cpu shim):
-              rank 0 decides, both ranks verify its rows; every cache draft verified
+              rank 0 decides, both ranks verify its rows; every cache draft verified;
+              recording, so its decisions are compared with hvd's (TP 1)
   router      two HVD servers (as hvd, without recording) behind sglang-router's
               cache-aware policy
 Every prompt is sent twice; the second round finds the first round's responses in the
@@ -51,6 +52,20 @@ def _prompts() -> list[dict]:
 PROMPTS = _prompts()
 
 
+def _sequential_prompts() -> list[dict]:
+    """Sent one at a time to a fresh server (hvd and hvd_tp2) before anything else: the
+    drafter's state, and so every decision, is then the same on both servers. Two prompts
+    repeat a block, so their own tree drafts at once."""
+    rng = random.Random(7)
+    block = [rng.randrange(100, 150000) for _ in range(16)]
+    return [dict(input_ids=block * 3, max_new_tokens=32), dict(input_ids=[rng.randrange(100, 150000) for _ in range(20)],
+                                                               max_new_tokens=24),
+            dict(input_ids=block + [9] + block, max_new_tokens=32)]
+
+
+SEQUENTIAL = _sequential_prompts()
+
+
 def _hvd(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run([harness.SGLANG_PYTHON, "-m", "sglang_hvd.cli.main", *cmd], capture_output=True, text=True,
                           cwd=REPO, timeout=900, **kw)
@@ -80,13 +95,17 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
         "hvd_dp2": dict(extra_args=eagle + ["--dp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1",
                                             "--hvd-record-traces", str(work / "dp.jsonl")],
                         launcher="sglang_hvd.launch_server", env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}),
-        "hvd_tp2": dict(extra_args=eagle + ["--tp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1"],
+        "hvd_tp2": dict(extra_args=eagle + ["--tp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1",
+                                            "--hvd-drafter", "native", "--hvd-record-traces", str(work / "tp2.jsonl")],
                         launcher="sglang_hvd.launch_server", env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}),
     }
     out = {"work": work}
     for name, cfg in configs.items():
         server = sglang_server_factory(m.llama, **cfg)
         try:
+            if name in ("hvd", "hvd_tp2"):
+                for p in SEQUENTIAL:
+                    server.generate(**p)
             rounds = [server.generate_many(PROMPTS) for _ in range(2)]
             extra = {}
             if name == "hvd":
@@ -223,8 +242,13 @@ def test_data_parallel_ranks_each_run_hvd_and_record_their_own_file(runs, qwen_g
 
     want = _tokens(runs["reference"], 0)
     assert _tokens(runs["hvd_dp2"], 0) == want and _tokens(runs["hvd_dp2"], 1) == want
-    stats = [s["hvd"] for s in runs["hvd_dp2"]["info"]["internal_states"] if "hvd" in s]
+    states = runs["hvd_dp2"]["info"]["internal_states"]
+    stats = [s["hvd"] for s in states if "hvd" in s]
     assert sorted(h["dp_rank"] for h in stats) == [0, 1]
+    # /server_info also sums the ranks (one more entry after the ranks' states).
+    (total,) = [s["hvd_total"] for s in states if "hvd_total" in s]
+    assert total["ranks"] == 2 and total["steps"] == sum(h["steps"] for h in stats) > 0
+    assert total["rows"] == sum(h["rows"] for h in stats)
     assert all(h["steps"] > 0 and h["step_errors"] == 0 and h["gate_digest"] == Gate(qwen_gate).digest for h in stats)
     # One file per rank, never one file appended by two processes.
     work = runs["work"]
@@ -250,6 +274,23 @@ def test_tensor_parallel_ranks_verify_rank_0s_rows(runs):
     stats = [s["hvd"] for s in tp["info"]["internal_states"] if "hvd" in s]
     assert len(stats) == 1 and stats[0]["step_errors"] == 0 and stats[0]["cache_rows"] > 0
     assert _accept_length(tp, 1) > 2.5  # round 2: rank 0's cache rows, accepted on both ranks
+
+
+def test_tensor_parallel_decisions_equal_tp_1s(runs):
+    """The first requests on both fresh servers, one at a time: TP 2 and TP 1 recorded the
+    same decisions (the row's source, the cache draft, the accepted tokens) at the same
+    positions. (An EAGLE3 row's own tokens come from the draft model, whose sharded
+    forward may round differently: not HVD's decision, not compared.)"""
+    from sglang_hvd.trace import iter_traces
+
+    def first(path):
+        return [(r.output_ids.tolist(), [(s.pos, s.src, s.draft if s.src == "cache" else None, s.accept_len)
+                                         for s in r.steps])
+                for r in list(iter_traces(str(path)))[: len(SEQUENTIAL)]]
+
+    tp1, tp2 = first(runs["work"] / "served.jsonl"), first(runs["work"] / "tp2.jsonl")
+    assert tp2 == tp1
+    assert sum(src == "cache" for _, steps in tp1 for _, src, _, _ in steps) > 0
 
 
 def test_two_hvd_servers_behind_the_router_serve_losslessly_on_one_gate(runs):
