@@ -190,8 +190,7 @@ def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfi
     rev = np.ascontiguousarray(context_tail[::-1][: max_p + 1])
     best = EMPTY_DRAFT
     budgets = _budget_table(config)
-    groups = _groups(index, rev, max_p)
-    for p_lo, p_hi, ends in reversed(groups):
+    for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p)):
         # Same set => same walk; pick the length with the largest budget (ties: longer).
         p = _best_length(config, p_lo, p_hi)
         limit = budgets[p]

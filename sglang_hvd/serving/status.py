@@ -50,7 +50,7 @@ class FleetStatus:
 
 
 def rates(counts: Mapping[str, float]) -> dict[str, float]:
-    """The stepper's rates (HVDStepper.summary) from its counts."""
+    """The rates HVDStepper.summary reports, from its counts (one rank's or a sum)."""
     rows, cache_rows = counts.get("rows", 0), counts.get("cache_rows", 0)
     wins = counts.get("eagle3_branch_wins", 0)
     return {

@@ -23,6 +23,7 @@ from ..drafter.protocol import Drafter
 from ..policy import DecisionRule, RequestState, RowPlans, decide
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
+from .status import rates
 
 log = logging.getLogger(__name__)
 
@@ -200,18 +201,11 @@ class HVDStepper:
 
     def summary(self) -> dict[str, float]:
         s = self.stats
-        eagle3_verifies = s.eagle3_rows + s.eagle3_branch_wins
-        return {
-            "steps": s.steps, "rows": s.rows, "gate_errors": s.gate_errors,
-            "cache_pick_rate": s.cache_rows / max(s.rows, 1),
-            "two_branch_rate": s.two_branch_rows / max(s.rows, 1),
-            "eagle3_branch_wins": s.eagle3_branch_wins,
-            "cache_mean_accept": s.cache_accepted / max(s.cache_rows - s.eagle3_branch_wins, 1),
-            "eagle3_mean_accept": s.eagle3_accepted / max(eagle3_verifies, 1),
-            "cpu_us_per_step": s.cpu_us_total / max(s.steps, 1),
-            "recorded_dropped": getattr(self.recorder, "num_dropped", 0),
-            "recorded_failed": getattr(self.recorder, "num_failed", 0),
-            # the counts behind the rates, so that several ranks or replicas add up exactly
-            "cache_rows": s.cache_rows, "two_branch_rows": s.two_branch_rows, "cache_accepted": s.cache_accepted,
-            "eagle3_verifies": eagle3_verifies, "eagle3_accepted": s.eagle3_accepted, "cpu_us_total": s.cpu_us_total,
-        }
+        counts = {"steps": s.steps, "rows": s.rows, "cache_rows": s.cache_rows, "two_branch_rows": s.two_branch_rows,
+                  "eagle3_branch_wins": s.eagle3_branch_wins, "cache_accepted": s.cache_accepted,
+                  "eagle3_verifies": s.eagle3_rows + s.eagle3_branch_wins, "eagle3_accepted": s.eagle3_accepted,
+                  "cpu_us_total": s.cpu_us_total}
+        # the counts behind the rates travel too, so that several ranks or replicas add up exactly
+        return {**counts, **rates(counts), "gate_errors": s.gate_errors,
+                "recorded_dropped": getattr(self.recorder, "num_dropped", 0),
+                "recorded_failed": getattr(self.recorder, "num_failed", 0)}

@@ -256,6 +256,10 @@ private:
         for (int32_t e : list)
             if (arena_[e] == tok && arena_[e - 1] == prev) list[w++] = e;
         list.resize(w);
+        sort_by_stamp(list);
+    }
+
+    void sort_by_stamp(std::vector<int32_t>& list) const {
         std::sort(list.begin(), list.end(), [&](int32_t a, int32_t b) { return stamps_[a] < stamps_[b]; });
     }
 
@@ -282,8 +286,7 @@ private:
         arena_.swap(arena);
         stamps_.swap(stamps);
         unsorted_.clear();
-        for (auto& [key, list] : bigrams_)  // rebuilt in document order: back to stamp order
-            std::sort(list.begin(), list.end(), [&](int32_t a, int32_t b) { return stamps_[a] < stamps_[b]; });
+        for (auto& [key, list] : bigrams_) sort_by_stamp(list);  // rebuilt in document order: back to stamp order
         size_ = size;
         dead_ = 0;
         compactions_ += 1;

@@ -143,7 +143,6 @@ public:
                             ix.bigram_ends(last, tok, cur_);
                             if (static_cast<int64_t>(cur_.size()) > cfg_.max_occurrences)  // the newest K
                                 cur_.erase(cur_.begin(), cur_.end() - cfg_.max_occurrences);
-                            std::sort(cur_.begin(), cur_.end());
                             walk(ix, cur_, limit, prob, d);
                         }
                     }
