@@ -90,3 +90,5 @@ def test_status_prints_ranks_and_totals_and_fails_on_two_gates(fake_servers, tmp
         in capsys.readouterr().out
     assert main(["status", "http://127.0.0.1:1"]) == 2
     assert "http://127.0.0.1:1/server_info: unreachable" in capsys.readouterr().err
+    assert main(["status", "127.0.0.1:30000"]) == 2
+    assert "'127.0.0.1:30000' is not a server URL: give http://HOST:PORT" in capsys.readouterr().err

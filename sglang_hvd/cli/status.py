@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def server_info(url: str, timeout_s: float) -> dict:
+    if not url.startswith(("http://", "https://")):
+        raise HvdInputError(f"{url!r} is not a server URL: give http://HOST:PORT")
     target = url.rstrip("/") + "/server_info"
     try:
         with urllib.request.urlopen(target, timeout=timeout_s) as resp:
