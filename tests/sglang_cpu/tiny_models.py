@@ -42,6 +42,7 @@ import numpy as np
 # Qwen3 digit tokens "0".."9": the cycle reads as 0123456789012...
 CYCLE_TOKENS = [15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
 VOCAB_SIZE = 151936  # Qwen3's embedding size; the tokenizer has 151669 ids
+SPREAD_VOCAB = 1024  # the spread pair's (sampling tests): ids 15..24 are the digits
 EAGLE_AUX_LAYER_IDS = [0, 1, 2]  # SGLang captures the hidden state before layers 1, 2, 3
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 
@@ -198,9 +199,19 @@ def write_random_draft(out_dir: str, target_dir: str, seed: int = 1) -> str:
 
 
 def write_cycle_target(out_dir: str, arch: str = "qwen3", seed: int = 0, attn_noise: float = 0.4,
-                       logit_scale: float = 10.0, **config_kwargs) -> str:
+                       logit_scale: float = 10.0, skip_scale: float = 0.0, floor: float = 0.0,
+                       tail_slope: float = 0.0, **config_kwargs) -> str:
     """The target of the cycle pair (see the module doc); ``attn_noise=0`` makes it
-    context-free (it then walks the cycle exactly)."""
+    context-free (it then walks the cycle exactly).
+
+    For sampling tests (a spread-out but short-tailed next-token distribution):
+    ``skip_scale`` gives c_{i+2} the logit ``skip_scale * logit_scale`` per unit of
+    state (the runner-up), ``floor`` pushes every non-cycle token down by ``floor``
+    per unit (with a small ``logit_scale`` the ~152k zero logits would otherwise hold
+    most of the mass), ``tail_slope`` gives the other eight digits distinct logits (c_{i+3}
+    ``-tail_slope``, c_{i+4} ``-2 * tail_slope``, ... per unit): without it they tie, and
+    SGLang's CPU sampler cuts ties at the top-p border one by one where verify's
+    FlashInfer semantics keep them all."""
     cfg = target_config(arch, **config_kwargs)
     k, h, v = len(CYCLE_TOKENS), cfg["hidden_size"], cfg["vocab_size"]
     if h < 2 * k:
@@ -213,8 +224,14 @@ def write_cycle_target(out_dir: str, arch: str = "qwen3", seed: int = 0, attn_no
         embed[tok] = 0.0
         embed[tok, i] = 1.0
     lm_head = np.zeros((v, h))
+    lm_head[:, :k] = -floor
+    for i, tok in enumerate(CYCLE_TOKENS):
+        lm_head[tok, :k] = 0.0
     for i, tok in enumerate(CYCLE_TOKENS):
         lm_head[CYCLE_TOKENS[(i + 1) % k], i] = logit_scale
+        lm_head[CYCLE_TOKENS[(i + 2) % k], i] += skip_scale * logit_scale
+        for d in range(3, k + 1):
+            lm_head[CYCLE_TOKENS[(i + d) % k], i] -= tail_slope * (d - 2)
     tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": np.ones(h), "lm_head.weight": lm_head}
     for i in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{i}."
@@ -230,6 +247,21 @@ def write_cycle_target(out_dir: str, arch: str = "qwen3", seed: int = 0, attn_no
     _save(out_dir, cfg, tensors)
     _copy_tokenizer(out_dir)
     return out_dir
+
+
+def write_spread_pair(target_dir: str, draft_dir: str) -> tuple[str, str]:
+    """The cycle pair with a spread-out next-token distribution, for sampling tests: at
+    temperature 1 the next cycle token has ~0.73, the one after it ~0.22, the other eight
+    digits the rest, every non-digit token ~0 (attention noise 0.1 keeps the state on its
+    cycle dimension; ``floor`` keeps the non-digit tokens out). The draft proposes the
+    likeliest path, so verify both accepts and rejects. Its vocabulary is the tokenizer's
+    first SPREAD_VOCAB ids (prompts are sent as ids below it): sampling runs softmax and
+    top-p sorts over the vocabulary at every verify position, ~150x less work than at
+    Qwen3's size."""
+    write_cycle_target(target_dir, "qwen3", seed=0, attn_noise=0.1, logit_scale=0.5, skip_scale=0.7, floor=3.0,
+                       tail_slope=0.03, vocab=SPREAD_VOCAB)
+    write_cycle_draft(draft_dir, target_dir, seed=1)
+    return target_dir, draft_dir
 
 
 def write_cycle_draft(out_dir: str, target_dir: str, seed: int = 1, state_scale: float = 4.0,

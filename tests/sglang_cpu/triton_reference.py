@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs"))
 
 from hvd_cpu_shims import kernels as K  # noqa: E402
+from hvd_cpu_shims import sampling as S  # noqa: E402
 
 
 def _grow_tree(gen, bs: int, topk: int, steps: int, n: int):
@@ -145,6 +146,26 @@ def check_simple_kernels(gen, mismatches: list, label: str) -> None:
         mismatches.append(f"{label} fill_accept_out_cache_loc: triton {ref.tolist()} port {got.tolist()}")
 
 
+def check_renorm(gen, mismatches: list, label: str) -> None:
+    """The sampling verify's top-k / top-p renorm ports against SGLang's Triton fallbacks
+    (``renorm_triton``; its CUDA-tensor check is bypassed: the interpreter runs on CPU
+    tensors). Rows with ties (repeated values) and with a dominant token."""
+    from sglang.kernels.ops.sampling import renorm_triton
+
+    renorm_triton._prepare_probs = lambda probs: probs.float().contiguous()
+    rows, vocab = int(torch.randint(1, 6, (1,), generator=gen)), int(torch.randint(2, 3000, (1,), generator=gen))
+    logits = torch.randn((rows, vocab), generator=gen) * float(torch.rand((1,), generator=gen) * 6)
+    logits[0, : vocab // 2] = logits[0, 0]  # ties
+    probs = torch.softmax(logits, dim=-1)
+    top_ks = torch.randint(1, vocab + 2, (rows,), generator=gen)
+    top_ps = torch.rand((rows,), generator=gen).clamp(min=0.05)
+    for name, ref, got in (("top_k", renorm_triton.top_k_renorm_probs_triton(probs, top_ks), S.top_k_renorm_prob(probs, top_ks)),
+                           ("top_p", renorm_triton.top_p_renorm_probs_triton(probs, top_ps), S.top_p_renorm_prob(probs, top_ps))):
+        if not torch.allclose(ref, got, rtol=1e-5, atol=1e-7) or not torch.equal(ref > 0, got > 0):
+            mismatches.append(f"{label} {name}_renorm: max difference {float((ref - got).abs().max()):.3g}, "
+                              f"kept {int((ref > 0).sum())} (triton) vs {int((got > 0).sum())} (port)")
+
+
 def main(argv: list[str]) -> int:
     if os.environ.get("TRITON_INTERPRET") != "1":
         print(json.dumps({"error": "run with TRITON_INTERPRET=1"}))
@@ -160,7 +181,8 @@ def main(argv: list[str]) -> int:
             check_tree_and_verify(gen, mismatches, f"round {r} bs={bs} topk={topk} steps={steps} n={n}", bs, topk, steps, n)
             cases += 1
         check_simple_kernels(gen, mismatches, f"round {r}")
-        cases += 1
+        check_renorm(gen, mismatches, f"round {r}")
+        cases += 2
     print(json.dumps({"cases": cases, "mismatches": mismatches[:20]}))
     return 0 if not mismatches else 1
 

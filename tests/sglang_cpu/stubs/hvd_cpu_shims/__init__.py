@@ -7,7 +7,7 @@ Python process (SGLang spawns its scheduler and detokenizer with ``spawn``) when
 * ``sgl_kernel`` resolves to the strict stub in ``tests/sglang_cpu/stubs/sgl_kernel``
   (the folder is put first on ``sys.path``), which exports the torch kernel ports
   of ``kernels.py``;
-* two SGLang modules are patched right after they are first imported, by a
+* SGLang modules are patched right after they are first imported, by a
   post-import hook (so nothing of SGLang is imported early):
   ``sglang.srt.layers.attention.torch_native_backend`` (TARGET_VERIFY) and
   ``sglang.srt.speculative.draft_utils`` (torch_native draft backends); see
@@ -16,7 +16,10 @@ Python process (SGLang spawns its scheduler and detokenizer with ``spawn``) when
   its EAGLE trees are built with the FULL_MASK layout (what GPU attention backends
   read) instead of the CPU's QLEN_ONLY, so HVD's row rewriter is tested on both;
 * ``sglang.srt.distributed.parallel_state``: TP groups without the CUDA communicators,
-  so ``--tp-size 2`` all-reduces over gloo (``distributed.py``).
+  so ``--tp-size 2`` all-reduces over gloo (``distributed.py``);
+* ``sglang.srt.speculative.eagle_utils``: verify samples when a request does (SGLang
+  forces greedy verify on the CPU), through torch ports of the GPU's sampling ops
+  (``sampling.py``).
 
 ``contract.py`` lists every private SGLang symbol these shims rely on; the patches
 check it first and raise ``ShimContractError`` naming what changed.
@@ -41,6 +44,7 @@ PATCHED_MODULES = {
     "sglang.srt.layers.attention.torch_native_backend": "attention:patch_torch_native_backend",
     "sglang.srt.speculative.draft_utils": "attention:patch_draft_backend_factory",
     "sglang.srt.distributed.parallel_state": "distributed:patch_parallel_state",
+    "sglang.srt.speculative.eagle_utils": "sampling:patch_eagle_utils",
 }
 
 

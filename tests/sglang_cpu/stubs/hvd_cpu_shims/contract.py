@@ -55,6 +55,13 @@ SIGNATURES: dict[tuple[str, str], list[str]] = {
     ("sglang.srt.distributed.parallel_state", "init_model_parallel_group"): [
         "group_ranks", "local_rank", "backend", "use_pynccl", "use_custom_allreduce", "use_message_queue_broadcaster",
         "group_name", "use_mscclpp", "use_torch_symm_mem_allreduce", "recovered_rank", "rank_offset", "max_world_size"],
+    # patched by sampling.patch_eagle_utils; the port keeps the CUDA wrapper's parameters
+    ("sglang.srt.speculative.eagle_utils", "_verify_uses_greedy"): [
+        "is_all_greedy", "is_cpu", "is_hip", "is_xpu", "use_rejection_sampling"],
+    ("sglang.kernels.ops.speculative.sampling", "tree_speculative_sampling_target_only"): [
+        "predicts", "accept_index", "accept_token_num", "candidates", "retrive_index", "retrive_next_token",
+        "retrive_next_sibling", "uniform_samples", "uniform_samples_for_final_sampling", "target_probs",
+        "draft_probs", "threshold_single", "threshold_acc", "deterministic"],
     ("sglang.kernels.ops.kvcache.cache_move", "copy_all_layer_kv_cache_func"): [
         "data_ptrs", "strides", "tgt_loc", "src_loc", "num_locs", "num_locs_upper", "kv_copy_config"],
 }
@@ -77,6 +84,12 @@ SOURCE_FACTS: list[tuple[str, str]] = [
     ("sglang.srt.speculative.draft_utils", '"intel_amx": self._create_intel_amx_decode_backend,'),
     # the draft-decode out_cache_loc layout the multi-step backend mirrors: [bs, topk, steps]
     ("sglang.srt.speculative.eagle_utils", "out_cache_loc.view(batch_size, topk, num_steps)"),
+    # the sampling verify names sampling.patch_eagle_utils rebinds, read as globals at call time
+    ("sglang.srt.speculative.eagle_utils", "    if _verify_uses_greedy(\n        is_all_greedy=sampling_info.is_all_greedy,\n        is_cpu=_is_cpu,"),
+    ("sglang.srt.speculative.eagle_utils", "            sampling_fn = tree_speculative_sampling_target_only\n"),
+    ("sglang.srt.speculative.eagle_utils", "            target_probs = top_k_renorm_prob(\n"),
+    ("sglang.srt.speculative.eagle_utils", "            target_probs = top_p_renorm_prob(\n"),
+    ("sglang.srt.speculative.eagle_utils", "            else torch.zeros_like(target_probs)\n"),
     # HVD_TEST_TREE_MASK_MODE=full rebinds this name in the EAGLE worker module
     ("sglang.srt.speculative.eagle_worker_v2", "    _eagle_prefill_tail_tokens,\n    default_tree_mask_mode,"),
     ("sglang.srt.speculative.eagle_worker_v2", "self.tree_mask_mode = default_tree_mask_mode()"),
@@ -215,6 +228,19 @@ def probe_cpu_engine() -> list[str]:
     for owner, attr in ((TorchNativeAttnBackend, "forward_extend"), (DraftBackendFactory, "_create_backend")):
         if not getattr(getattr(owner, attr), "_hvd_cpu_shim", False):
             problems.append(f"{owner.__name__}.{attr} is not patched")
+
+    from sglang.srt.speculative import eagle_utils
+
+    from . import sampling
+
+    if not getattr(eagle_utils._verify_uses_greedy, "hvd_cpu_shim", False):
+        problems.append("eagle_utils._verify_uses_greedy is not patched")
+    elif eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False, is_xpu=False,
+                                         use_rejection_sampling=False):
+        problems.append("eagle_utils._verify_uses_greedy still forces greedy verify on the CPU")
+    for name in ("tree_speculative_sampling_target_only", "top_k_renorm_prob", "top_p_renorm_prob"):
+        if getattr(eagle_utils, name, None) is not getattr(sampling, name):
+            problems.append(f"eagle_utils.{name} is not bound to the port sampling.{name}")
 
     from sglang.kernels.ops.kvcache import cache_move
     from sglang.kernels.ops.speculative import cache_locs, eagle, spec_tree
