@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Train the payoff gate for one verify shape: split requests by conversation or task group (train / "
             "validation / optional held-out test), replay them to label cache drafts with their true accepted "
-            "length at that shape (by default the drafts met where serving walks of baseline policies stand; "
+            "length at that shape (the draft's longest prefix the recorded output repeats: what verify accepts; "
+            "record at your serving temperature and top-p, or the labels overstate sampled acceptance) (by default the drafts met where serving walks of baseline policies stand; "
             "--rows dense: every output position), fit an MLP with MSE (torch, CPU), calibrate the decision rule "
             "(threshold and EAGLE3 reserve) on validation replay by modelled decode time, check the ONNX export "
             "against torch, and write GATE_DIR with gate.onnx, gate.json, token_flags.npy and metrics.json. "

@@ -1,8 +1,10 @@
 """Collect token traces from a live SGLang server: the target model's own generations.
 
 For every assistant turn of the given conversations the prompt is rendered exactly as
-``hvd import`` renders it, sent as token ids to SGLang's native ``/generate`` at
-temperature 0, and the returned token ids become the request's output. Requests run
+``hvd import`` renders it, sent as token ids to SGLang's native ``/generate`` (temperature
+0 by default; collect at your serving temperature and top-p and the labels replay derives
+follow what verify accepts there: README, "Sampling"), and the returned token ids become
+the request's output. Requests run
 with bounded concurrency; transient failures (connection errors, timeouts, HTTP 5xx,
 429) are retried with exponential backoff; when the server stays unreachable the run
 stops and keeps what it has. Records are appended, as they complete, to
@@ -38,6 +40,8 @@ class CollectOptions:
     timeout_s: float = 600.0
     retries: int = 5
     backoff_s: float = 1.0
+    temperature: float = 0.0
+    top_p: float = 1.0
 
 
 class ServerUnreachable(HvdInputError):
@@ -81,7 +85,8 @@ class Client:
 
     def generate(self, prompt_ids: list[int]) -> dict:
         body = json.dumps({"input_ids": prompt_ids, "sampling_params": {
-            "temperature": 0.0, "max_new_tokens": self.options.max_new_tokens}}).encode()
+            "temperature": self.options.temperature, "top_p": self.options.top_p,
+            "max_new_tokens": self.options.max_new_tokens}}).encode()
         delay = self.options.backoff_s
         last = ""
         for attempt in range(self.options.retries + 1):

@@ -18,6 +18,7 @@ class FakeSGLang:
 
     def __init__(self):
         self.calls = 0
+        self.sampling: list[dict] = []  # sampling_params of every request answered
         self.fail = lambda n: None  # call number -> HTTP status to fail with, or None
         outer = self
 
@@ -35,7 +36,8 @@ class FakeSGLang:
                     self.end_headers()
                     self.wfile.write(b'{"error": "nope"}')
                     return
-                assert body["sampling_params"]["temperature"] == 0.0
+                with lock:
+                    outer.sampling.append(body["sampling_params"])
                 out = {"text": "x", "output_ids": body["input_ids"][-3:] + [7], "meta_info": {}}
                 data = json.dumps(out).encode()
                 self.send_response(200)
@@ -74,6 +76,21 @@ def test_collects_every_turn_and_retries_transient_errors(synth_dir, tmp_path, s
     for r in records:
         assert r.output_ids.tolist() == r.prompt_ids.tolist()[-3:] + [7]
     assert len({r.req_id for r in records}) == turns and not os.path.exists(str(out) + ".partial")
+    assert {(p["temperature"], p["top_p"]) for p in server.sampling} == {(0.0, 1.0)}  # greedy by default
+
+
+def test_collects_at_the_serving_temperature_and_refuses_impossible_ones(synth_dir, tmp_path, server, capsys):
+    assert hvd(args(synth_dir, tmp_path / "s.jsonl", server.url, "--temperature", "0.7", "--top-p", "0.9")) == 0
+    assert server.sampling and {(p["temperature"], p["top_p"]) for p in server.sampling} == {(0.7, 0.9)}
+    capsys.readouterr()
+    for flag, value, says in (("--temperature", "-1", "expected a temperature in [0, 100], got -1"),
+                              ("--top-p", "0", "expected a top-p in (0, 1], got 0"),
+                              ("--top-p", "1.5", "expected a top-p in (0, 1], got 1.5"),
+                              ("--top-p", "x", "expected a top-p in (0, 1], got 'x'")):
+        calls = server.calls
+        with pytest.raises(SystemExit) as exit_:
+            hvd(args(synth_dir, tmp_path / "bad.jsonl", server.url, flag, value))
+        assert exit_.value.code == 2 and says in capsys.readouterr().err and server.calls == calls
 
 
 def test_a_server_dying_mid_run_keeps_progress_and_the_rerun_resumes(synth_dir, tmp_path, server, capsys):

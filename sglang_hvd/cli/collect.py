@@ -12,7 +12,7 @@ from ..importer import THINKING_MODES, ImportOptions
 from ..jsonl import write_json
 from ..report import format_table, progress
 from ..tokenizer import ChatTokenizer
-from .common import add_examples, FILE, add_json_flag, cli_entry, declare_outputs, positive_int
+from .common import FILE, add_examples, add_json_flag, cli_entry, declare_outputs, positive_int, temperature, top_p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Gather token traces from your own target model: every assistant turn of the conversations is "
             "rendered as `hvd import` renders it and sent as token ids to a running SGLang server's /generate "
-            "at temperature 0; the generated token ids become the trace's output. Bounded concurrency, retries "
+            "(temperature 0 unless --temperature; collect at the temperature and top-p you serve with, so that "
+            "the gate's labels follow what verify accepts there); the generated token ids become the trace's output. Bounded concurrency, retries "
             "with backoff; records are appended to TRACES.partial as they complete, and rerunning the same "
             "command resumes without duplicating any. TRACES appears when every request succeeded."
         ),
@@ -34,13 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=positive_int, metavar="N", default=2048, help="generation limit per request (default: %(default)s)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", default=600.0, help="seconds per request before a retry (default: %(default)s)")
     p.add_argument("--retries", type=int, metavar="N", default=5, help="retries per request, with exponential backoff (default: %(default)s)")
+    p.add_argument("--temperature", type=temperature, metavar="T", default=0.0,
+                   help="sampling temperature of the generations: your serving one (default: %(default)s, greedy)")
+    p.add_argument("--top-p", type=top_p, metavar="P", default=1.0, help="top-p of the generations (default: %(default)s)")
     p.add_argument("--thinking", choices=THINKING_MODES, default="auto", help="template thinking mode, as in hvd import (default: %(default)s)")
     p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N conversations of each file")
     add_json_flag(p)
     declare_outputs(p, output=FILE)
     add_examples(
         p,
-        'hvd collect chats.jsonl --server http://127.0.0.1:30000 --tokenizer MODEL_DIR -o served.jsonl.gz --concurrency 16',
+        'hvd collect chats.jsonl --server http://127.0.0.1:30000 --tokenizer MODEL_DIR -o served.jsonl --concurrency 16',
+        'hvd collect chats.jsonl --server http://127.0.0.1:30000 --tokenizer MODEL_DIR -o sampled.jsonl --temperature 0.7 --top-p 0.9',
     )
     return p
 
@@ -53,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError(f"{args.output}: exists; choose another path or remove it")
     tokenizer = ChatTokenizer(args.tokenizer)
     options = CollectOptions(concurrency=args.concurrency, max_new_tokens=args.max_new_tokens, timeout_s=args.timeout,
-                             retries=args.retries)
+                             retries=args.retries, temperature=args.temperature, top_p=args.top_p)
     convs, taken = [], {}
     for path, _, conv in iter_conversations(args.conversations):
         if args.limit and taken.get(path, 0) >= args.limit:

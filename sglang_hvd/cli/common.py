@@ -150,6 +150,24 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 
 
+def _float_in(text: str, low: float, high: float, low_open: bool, wanted: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+    if not (value > low if low_open else value >= low) or not value <= high:
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {value:g}")
+    return value
+
+
+def temperature(text: str) -> float:
+    return _float_in(text, 0.0, 100.0, False, "a temperature in [0, 100]")
+
+
+def top_p(text: str) -> float:
+    return _float_in(text, 0.0, 1.0, True, "a top-p in (0, 1]")
+
+
 def float_list(text: str) -> tuple[float, ...]:
     """``"0,0.5,1"`` -> (0.0, 0.5, 1.0) for argparse."""
     try:

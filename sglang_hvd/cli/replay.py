@@ -27,8 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
             "policies on the same traces, at one verify shape (SGLang's topk, steps and draft tokens): "
             "greedy (no speculation), eagle3_only, cache_only (SuffixDecoding: every non-empty cache draft "
             "as a chain), rule@C (cache chain when its score >= C, else EAGLE3), oracle (the choose-one "
-            "oracle), hvd (a trained gate, --gate). Under greedy verification a cache draft's accepted "
-            "length is its longest common prefix with the recorded output; EAGLE3 follows the --eagle3-curve "
+            "oracle), hvd (a trained gate, --gate). A cache draft's accepted length is its longest common "
+            "prefix with the recorded output: what verify accepts, greedy or sampled, had the target produced that "
+            "output (traces recorded at the serving temperature give served acceptance; README, Sampling); "
+            "EAGLE3 follows the --eagle3-curve "
             "model. Requests run in file order; the global cache persists across them. --mode dense instead "
             "drafts at every output position and reports draft quality."
         ),

@@ -1,7 +1,11 @@
 """Dense-mode training rows: every non-empty cache draft, its features and its label.
 
-The label is the draft's oracle accept_len. Features come from the same extractor the
-server uses; the request history at position p holds the drafts made at every earlier
+The label is the draft's oracle accept_len: the longest prefix of the draft that the
+recorded output repeats. That is what verify accepts, greedy or sampled (a rejected token
+is taken out of the distribution the next token is drawn from); over outputs sampled at
+the serving temperature and top-p the labels are distributed as served acceptance, and
+greedy recordings overstate acceptance served at temperature > 0 (README, "Sampling").
+Features come from the same extractor the server uses; the request history at position p holds the drafts made at every earlier
 position, each compared only with the tokens generated before p (features.py).
 """
 
