@@ -4,6 +4,8 @@ Test-only. No index, no pruning: for every pattern length it scans every documen
 occurrences, then walks the most frequent continuation (ties: most recently appended),
 counting over the newest ``max_occurrences`` occurrences (by stamp); the one-token pattern,
 when its set is not the two-token pattern's, counts its first token over all of them.
+Patterns of two tokens and more only count occurrences that end where one of the newest
+``max_scan`` (at least ``max_occurrences``) occurrences of the context's last two tokens ends.
 The registered drafters must return exactly what this returns.
 """
 
@@ -65,10 +67,15 @@ class NaiveDrafter:
 
     def _best(self, docs, ctx, tree):
         best = EMPTY_DRAFT
+        scanned = None  # the newest max_scan ends of the context's last two tokens
         for p in range(1, len(ctx)):
             pattern = ctx[-p:]
             occ = [(d, i) for d, doc in enumerate(docs) for i in range(p - 1, len(doc))
                    if [t for t, _ in doc[i - p + 1 : i + 1]] == pattern]
+            if p == 2:
+                scanned = set(self._newest(docs, occ, max(self.config.max_scan, self.config.max_occurrences)))
+            if p >= 2:
+                occ = [o for o in occ if o in scanned]
             if not occ:
                 break
             k = self.config.max_occurrences

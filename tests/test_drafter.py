@@ -148,6 +148,7 @@ configs = st.fixed_dictionaries({
     "min_token_prob": st.sampled_from([0.0, 0.1, 0.4]),
     "global_max_tokens": st.integers(0, 30),
     "max_occurrences": st.sampled_from([1, 2, 3, 1024]),
+    "max_scan": st.sampled_from([1, 2, 4, 16384]),
 })
 
 
@@ -203,12 +204,13 @@ def test_drafts_do_not_depend_on_how_appends_are_chunked(name, prompt, output, c
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-@pytest.mark.parametrize("max_occurrences", [1024, 5])
-def test_long_prompts_and_many_responses_match_the_reference(name, max_occurrences):
+@pytest.mark.parametrize("max_occurrences,max_scan", [(1024, 16384), (5, 5), (5, 60)])
+def test_long_prompts_and_many_responses_match_the_reference(name, max_occurrences, max_scan):
     """Large occurrence sets take the narrowing path; relocation and compaction kick in
     (they move documents: the newest occurrences must still be found by stamp)."""
     rng = np.random.default_rng(0)
-    config = DrafterConfig(max_depth=12, max_spec_tokens=8, global_max_tokens=500, max_occurrences=max_occurrences)
+    config = DrafterConfig(max_depth=12, max_spec_tokens=8, global_max_tokens=500, max_occurrences=max_occurrences,
+                           max_scan=max_scan)
     real, naive = create_drafter(name, config), NaiveDrafter(config)
     motif = rng.integers(0, 6, size=40).tolist()
     for r in range(30):
@@ -244,6 +246,21 @@ def test_a_periodic_history_is_walked_from_its_newest_occurrences(name):
     assert (full.match_count, capped.match_count) == (394, 16)
     assert capped.probs[:4] == (15 / 16, 15 / 16, 15 / 16, 14 / 16) and capped.score == pytest.approx(22.3125)
     assert full.score == pytest.approx(41.2005076)
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_long_matches_are_looked_for_among_the_newest_occurrences_of_the_last_two_tokens(name):
+    """max_scan bounds the match scan. The context ends 7 8 9 1 2; the only earlier 7 8 9 1 2
+    (followed by 5 6) is older than the ten 4 1 2 (followed by 3): with max_scan 4 the scan
+    stops among those, so the 5-token match is not found and the draft is the pair's."""
+    prompt = [7, 8, 9, 1, 2, 5, 6, 5, 6] + [4, 1, 2, 3] * 10 + [7, 8, 9, 1, 2]
+    drafts = {}
+    for scan in (16384, 4):
+        d = create_drafter(name, DrafterConfig(max_occurrences=4, max_scan=scan))
+        d.start_request("a", prompt)
+        drafts[scan] = d.speculate("a")
+    assert drafts[16384].tokens[:4] == (5, 6, 5, 6) and drafts[16384].match_len == 5
+    assert drafts[4].tokens[:4] == (3, 4, 1, 2) and drafts[4].match_len == 2
 
 
 def _dense_drafts(name, records, config=None):

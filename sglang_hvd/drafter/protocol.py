@@ -52,6 +52,10 @@ class DrafterConfig:
         "help": "a pattern's draft is walked from at most this many of its occurrences, the most recently "
                 "appended (bounds drafting CPU on repetitive text; the one-token pattern's first token still "
                 "counts all)"})
+    max_scan: int = dataclasses.field(default=4096, metadata={
+        "help": "patterns of two tokens and more are looked for among this many occurrences of the context's "
+                "last two tokens, the most recently appended (bounds the match scan on frequent pairs; "
+                "at least max_occurrences)"})
 
     def __post_init__(self):
         if self.max_depth < 2:
@@ -66,6 +70,13 @@ class DrafterConfig:
             raise ValueError(f"global_max_tokens must be >= 0, got {self.global_max_tokens}")
         if self.max_occurrences < 1:
             raise ValueError(f"max_occurrences must be >= 1, got {self.max_occurrences}")
+        if self.max_scan < 1:
+            raise ValueError(f"max_scan must be >= 1, got {self.max_scan}")
+
+    @property
+    def scan_limit(self) -> int:
+        """The occurrences of the context's last two tokens searched: max_scan, at least max_occurrences."""
+        return max(self.max_scan, self.max_occurrences)
 
     def budget(self, match_len: int) -> int:
         """Most tokens a pattern of ``match_len`` tokens may draft."""

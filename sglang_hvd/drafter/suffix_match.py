@@ -14,7 +14,9 @@ lengths that share a set share the draft: only its budget differs. We therefore
 A set larger than ``max_occurrences`` (K) is walked from its K most recently appended
 occurrences (by stamp), which bounds the work on repetitive text; the one-token
 pattern's first token still counts all of its occurrences (as the native drafter's
-cached successor counts do), and its walk goes on from the newest K.
+cached successor counts do), and its walk goes on from the newest K. Patterns of two
+tokens and more are looked for among the newest ``max_scan`` (M, at least K) occurrences
+of the context's last two tokens, which bounds the search on frequent pairs.
 
 Worked example: context ``... 4 7 8``, arena positions of 8 = {10, 31, 52(self)}.
 Length 1: {10, 31, 52}. Looking one back, arena[9]=7, arena[30]=7, arena[51]=7: length 2
@@ -35,18 +37,27 @@ from .token_index import TokenIndex
 _SMALL_SET = 48
 
 
-def _groups(index: TokenIndex, rev: np.ndarray, max_p: int) -> list[tuple[int, int, np.ndarray]]:
+def _groups(index: TokenIndex, rev: np.ndarray, max_p: int, scan_limit: int) -> list[tuple[int, int, np.ndarray]]:
     """Distinct occurrence sets as ``(p_lo, p_hi, end_positions)``, ascending in p.
 
     ``rev[j]`` is the context's (j+1)-th token from the end; every position in a set for
-    pattern length p satisfies ``arena[e - j] == rev[j]`` for j < p.
+    pattern length p satisfies ``arena[e - j] == rev[j]`` for j < p. Sets of two tokens and
+    more come from the newest ``scan_limit`` occurrences of the last two tokens.
     """
     arena = index.arena
     ends = index.positions(int(rev[0]))
     if len(ends) == 0:
         return []
-    groups = []
-    p_lo, p = 1, 1
+    if max_p < 2:
+        return [(1, max_p, ends)]
+    pairs = ends[arena[ends - 1] == rev[1]]
+    # The one-token pattern has a set of its own unless every occurrence is the pair's.
+    groups = [] if len(pairs) == len(ends) else [(1, 1, ends)]
+    if len(pairs) == 0:
+        return groups
+    p_lo = 1 if not groups else 2
+    ends = newest(index, pairs, scan_limit)
+    p = 2
     while p < max_p and len(ends) > _SMALL_SET:
         longer = ends[arena[ends - p] == rev[p]]
         if len(longer) != len(ends):
@@ -190,7 +201,7 @@ def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfi
     rev = np.ascontiguousarray(context_tail[::-1][: max_p + 1])
     best = EMPTY_DRAFT
     budgets = _budget_table(config)
-    for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p)):
+    for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p, config.scan_limit)):
         # Same set => same walk; pick the length with the largest budget (ties: longer).
         p = _best_length(config, p_lo, p_hi)
         limit = budgets[p]

@@ -29,7 +29,7 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "Native SuffixDecoding drafter core (see sglang_hvd/drafter/native/)";
     py::class_<SuffixDrafter>(m, "Core")
         .def(py::init([](int max_depth, int max_spec_tokens, double factor, double offset, double min_prob,
-                         int64_t global_max_tokens, int64_t max_occurrences) {
+                         int64_t global_max_tokens, int64_t max_occurrences, int64_t max_scan) {
                  Config c;
                  c.max_depth = max_depth;
                  c.max_spec_tokens = max_spec_tokens;
@@ -38,10 +38,12 @@ PYBIND11_MODULE(_native, m) {
                  c.min_token_prob = min_prob;
                  c.global_max_tokens = global_max_tokens;
                  c.max_occurrences = max_occurrences;
+                 c.max_scan = std::max(max_scan, max_occurrences);
                  return new SuffixDrafter(c);
              }),
              py::arg("max_depth"), py::arg("max_spec_tokens"), py::arg("max_spec_factor"), py::arg("max_spec_offset"),
-             py::arg("min_token_prob"), py::arg("global_max_tokens"), py::arg("max_occurrences"))
+             py::arg("min_token_prob"), py::arg("global_max_tokens"), py::arg("max_occurrences"),
+             py::arg("max_scan"))
         .def("reset", &SuffixDrafter::reset)
         .def("start", [](SuffixDrafter& s, int64_t req, I32 prompt) {
             auto p = prompt.unchecked<1>();

@@ -118,14 +118,25 @@ public:
     }
 
     // Live end positions of the bigram (prev, tok), oldest first (ascending stamps).
-    void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out) {
+    // Only the newest `limit` of them (read from the back: the work is bounded by it).
+    void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out, int64_t limit) {
         out.clear();
         uint64_t key = bigram_key(prev, tok);
         auto it = bigrams_.find(key);
         if (it == bigrams_.end()) return;
         if (!unsorted_.empty() && unsorted_.erase(key)) restore_stamp_order(it->second, prev, tok);
-        for (int32_t e : it->second)
-            if (arena_[e] == tok && arena_[e - 1] == prev) out.push_back(e);
+        const std::vector<int32_t>& list = it->second;
+        for (auto r = list.rbegin(); r != list.rend() && static_cast<int64_t>(out.size()) < limit; ++r)
+            if (arena_[*r] == tok && arena_[*r - 1] == prev) out.push_back(*r);
+        std::reverse(out.begin(), out.end());
+    }
+
+    // Live occurrences of the bigram (prev, tok).
+    int64_t pair_count(int32_t prev, int32_t tok) const {
+        auto it = succ_.find(prev);
+        if (it == succ_.end()) return 0;
+        auto c = it->second.children.find(tok);
+        return c == it->second.children.end() ? 0 : c->second.count;
     }
 
     // The most frequent token after `prev` (ties: the most recently appended). False if none.

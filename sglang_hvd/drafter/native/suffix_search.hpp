@@ -13,6 +13,9 @@
 // matched newest first, and the scan stops once K of them match the whole context (every
 // set's newest K are then among those scanned). The one-token pattern's first step still
 // counts all of E1 (cached); its walk goes on from the newest K of the two-token string.
+// max_scan (M >= K) bounds the scan itself: patterns of two tokens and more are looked for
+// among the newest M occurrences of the context's last two tokens only (without it the
+// scan covers every occurrence of a frequent bigram whose longer matches are few).
 #pragma once
 
 #include <algorithm>
@@ -34,6 +37,7 @@ struct Config {
     double min_token_prob = 0.1;
     int64_t global_max_tokens = 2000000;
     int64_t max_occurrences = 1024;
+    int64_t max_scan = 4096;  // >= max_occurrences (the binding ensures it)
 
     int budget(int p) const {
         // int() of the Python reference truncates toward zero, as the C++ cast does.
@@ -72,8 +76,8 @@ public:
         rev_.assign(max_p + 1, 0);
         for (int j = 0; j <= max_p; ++j) rev_[j] = ctx[n - 1 - j];
 
-        ix.bigram_ends(rev_[1], last, ends_);
-        bool merged = static_cast<int64_t>(ends_.size()) == e1_count;  // E2 == E1: lengths 1 and 2 share a set
+        ix.bigram_ends(rev_[1], last, ends_, cfg_.max_scan);  // the newest M of E2
+        bool merged = ix.pair_count(rev_[1], last) == e1_count;  // E2 == E1: lengths 1 and 2 share a set
         if (!ends_.empty()) {
             // Backward match length (>= 2, capped at max_p) of the occurrences, newest
             // first, until K of them match all max_p tokens: ends_[first:] are scanned.
@@ -140,9 +144,7 @@ public:
                         d.probs.push_back(prob);
                         d.child_counts.push_back(c);
                         if (limit > 1) {
-                            ix.bigram_ends(last, tok, cur_);
-                            if (static_cast<int64_t>(cur_.size()) > cfg_.max_occurrences)  // the newest K
-                                cur_.erase(cur_.begin(), cur_.end() - cfg_.max_occurrences);
+                            ix.bigram_ends(last, tok, cur_, cfg_.max_occurrences);  // the newest K
                             walk(ix, cur_, limit, prob, d);
                         }
                     }
