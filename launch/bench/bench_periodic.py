@@ -51,6 +51,15 @@ def step_costs_us(name: str, requests: int, every: int, max_occurrences: int) ->
     return out_rows
 
 
+def print_series(first_column: str, rows: dict[str, list[tuple[int, float]]], unit: str, decimals: int) -> None:
+    """One column per series of (x, microseconds) rows, x in the first column."""
+    names = list(rows)
+    width = max(16, *(len(n) + len(unit) + 2 for n in names))
+    print(first_column + "  " + "  ".join(f"{n + ' ' + unit:>{width}}" for n in names))
+    for i, (x, _) in enumerate(rows[names[0]]):
+        print(f"{x:>{len(first_column)}}  " + "  ".join(f"{rows[n][i][1]:>{width}.{decimals}f}" for n in names))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,11 +75,7 @@ def main(argv=None) -> int:
     except ValueError:
         p.error(f"--max-occurrences: integers expected, got {a.max_occurrences!r}")
     rows = {f"{name} K={k}": step_costs_us(name, a.requests, 10, k) for name in a.drafters.split(",") for k in caps}
-    names = list(rows)
-    width = max(20, *(len(n) + 8 for n in names))
-    print("requests in the global cache  " + "  ".join(f"{n + ' us/step':>{width}}" for n in names))
-    for i, (req, _) in enumerate(rows[names[0]]):
-        print(f"{req:>28}  " + "  ".join(f"{rows[n][i][1]:>{width}.0f}" for n in names))
+    print_series("requests in the global cache", rows, "us/step", 0)
     return 0
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from bench_periodic import print_series  # noqa: E402  (this folder)
 from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
 
 
@@ -59,6 +60,7 @@ def step_costs_us(drafter_name: str, k: int, m: int, requests: int, every: int) 
         drafter.finish_request(rid)
         if req % every == 0:
             rows.append((req, spent_s / calls * 1e6))
+            print(f"K={k} M={m}: {req} requests, {rows[-1][1]:.1f} us", file=sys.stderr, flush=True)
             spent_s, calls = 0.0, 0
     return rows
 
@@ -83,12 +85,7 @@ def main(argv=None) -> int:
     rows = {}
     for k, m in limits:
         rows[f"K={k} M={m}"] = step_costs_us(a.drafter, k, m, a.requests, a.every)
-        print(f"done: K={k} M={m}", file=sys.stderr, flush=True)
-    names = list(rows)
-    width = max(16, *(len(n) + 3 for n in names))
-    print("requests served  " + "  ".join(f"{n + ' us':>{width}}" for n in names))
-    for i, (req, _) in enumerate(rows[names[0]]):
-        print(f"{req:>15}  " + "  ".join(f"{rows[n][i][1]:>{width}.1f}" for n in names))
+    print_series("requests served", rows, "us", 1)
     return 0
 
 
