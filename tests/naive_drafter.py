@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sglang_hvd.drafter.protocol import EMPTY_DRAFT, GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig
+from sglang_hvd.drafter.protocol import EMPTY_DRAFT, EMPTY_TREE, GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree
 
 
 class NaiveDrafter:
@@ -65,8 +65,8 @@ class NaiveDrafter:
         shared = self._best(list(self.responses.values()), ctx, GLOBAL_TREE)
         return own if own.score >= shared.score else shared
 
-    def _best(self, docs, ctx, tree):
-        best = EMPTY_DRAFT
+    def _occurrences(self, docs, ctx):
+        """(p, occurrences of the context's last p tokens, alone) for p = 1, 2, ... while any."""
         scanned = None  # the newest max_scan ends of the context's last two tokens
         for p in range(1, len(ctx)):
             pattern = ctx[-p:]
@@ -77,9 +77,55 @@ class NaiveDrafter:
             if p >= 2:
                 occ = [o for o in occ if o in scanned]
             if not occ:
-                break
+                return
+            yield p, occ, p == 1 and not all(i >= 1 and docs[d][i - 1][0] == ctx[-2] for d, i in occ)
+
+    def speculate_tree(self, req_id, max_nodes):
+        ctx = self.context(req_id)[-self.config.max_depth :]
+        own = self._best_tree([self.local[req_id]], ctx, LOCAL_TREE, max_nodes)
+        shared = self._best_tree(list(self.responses.values()), ctx, GLOBAL_TREE, max_nodes)
+        return own if own.score >= shared.score else shared
+
+    def _best_tree(self, docs, ctx, tree, max_nodes):
+        """Every node of the continuation trie (within the budget, probability >= the
+        floor), sorted by (-prob, depth, -newest stamp): the first max_nodes are the tree."""
+        best = EMPTY_TREE
+        k = self.config.max_occurrences
+        for p, occ, alone in self._occurrences(docs, ctx):
+            limit = self.config.budget(p)
+            found = []
+
+            def expand(cur, path, prob, depth):
+                if depth > limit:
+                    return
+                children = {}
+                for d, i in cur:
+                    if i + 1 < len(docs[d]):
+                        children.setdefault(docs[d][i + 1][0], []).append((d, i + 1))
+                for tok, hits in children.items():
+                    child = prob * (len(hits) / len(cur))
+                    if child < self.config.min_token_prob:
+                        continue
+                    found.append(((-child, depth, -max(docs[d][i][1] for d, i in hits)), path + (tok,), child, len(hits)))
+                    if depth < limit:
+                        expand(self._newest(docs, hits, k), path + (tok,), child, depth + 1)
+
+            expand(occ if alone else self._newest(docs, occ, k), (), 1.0, 1)
+            chosen = sorted(found, key=lambda f: f[0])[:max_nodes]
+            where = {f[1]: n for n, f in enumerate(chosen)}
+            score = float(sum(f[2] for f in chosen))
+            if chosen and score >= best.score:
+                best = DraftTree(tokens=tuple(f[1][-1] for f in chosen),
+                                 parents=tuple(where.get(f[1][:-1], -1) for f in chosen),
+                                 probs=tuple(f[2] for f in chosen), child_counts=tuple(f[3] for f in chosen),
+                                 score=score, match_len=p, match_count=len(occ) if alone else min(len(occ), k),
+                                 tree=tree)
+        return best
+
+    def _best(self, docs, ctx, tree):
+        best = EMPTY_DRAFT
+        for p, occ, alone in self._occurrences(docs, ctx):
             k = self.config.max_occurrences
-            alone = p == 1 and not all(i >= 1 and docs[d][i - 1][0] == ctx[-2] for d, i in occ)
             cur = occ if alone else self._newest(docs, occ, k)
             tokens, probs, counts, prob = [], [], [], 1.0
             while len(tokens) < self.config.budget(p):

@@ -188,6 +188,70 @@ def test_same_drafts_as_the_naive_reference(name, reqs, cfg):
         assert cached <= config.global_max_tokens or cached == running
 
 
+@settings(max_examples=150, deadline=None)
+@given(reqs=requests, cfg=configs, max_nodes=st.sampled_from([1, 2, 3, 5, 16]))
+def test_tree_drafts_equal_the_naive_reference_and_beat_the_chain(reqs, cfg, max_nodes):
+    """Tree drafts (the Python reference; the native drafter has none yet): the same trees
+    as a brute force over every node of the continuation trie; every node's path occurs
+    in the history; with room for a whole chain the tree scores at least the chain's."""
+    config = DrafterConfig(**cfg)
+    real, naive = create_drafter("python", config), NaiveDrafter(config)
+    for r, (prompt, chunks) in enumerate(reqs):
+        rid = f"r{r}"
+        for d in (real, naive):
+            d.start_request(rid, prompt)
+        for chunk in chunks:
+            got = real.speculate_tree(rid, max_nodes)
+            assert got == naive.speculate_tree(rid, max_nodes)
+            assert len(got) <= max_nodes and got.depth() <= config.budget(got.match_len)
+            assert all(parent < i for i, parent in enumerate(got.parents))
+            if max_nodes >= config.max_spec_tokens:
+                assert got.score >= real.speculate(rid).score - 1e-12
+            for d in (real, naive):
+                d.append(rid, chunk)
+        if r % 2 == 0:
+            for d in (real, naive):
+                d.finish_request(rid)
+
+
+def test_branching_trees_on_longer_streams_equal_the_naive_reference():
+    """Seeded streams over 4 tokens (so continuations branch), 40 requests sharing the
+    global tree, max_occurrences 3 (narrowing inside the tree): equal trees, and most of
+    them branch."""
+    rng = np.random.default_rng(5)
+    config = DrafterConfig(max_depth=8, max_spec_tokens=6, min_token_prob=0.05, max_occurrences=3, max_scan=5)
+    real, naive = create_drafter("python", config), NaiveDrafter(config)
+    branching = compared = 0
+    for r in range(40):
+        rid, prompt = f"r{r}", rng.integers(0, 4, size=6).tolist()
+        for d in (real, naive):
+            d.start_request(rid, prompt)
+        for _ in range(8):
+            got = real.speculate_tree(rid, 8)
+            assert got == naive.speculate_tree(rid, 8)
+            compared += 1
+            branching += len(set(got.parents)) < len(got.parents)
+            chunk = rng.integers(0, 4, size=2).tolist()
+            for d in (real, naive):
+                d.append(rid, chunk)
+        for d in (real, naive):
+            d.finish_request(rid)
+    assert compared == 320 and branching > 200, branching
+
+
+def test_a_tree_draft_keeps_the_sibling_a_chain_drops():
+    """The DraftTree docstring's example: after 7 8 the history went on with 9 once and 5
+    once; the chain takes 5 (the newer), the tree both, each with what followed it."""
+    d = create_drafter("python", DrafterConfig(max_spec_factor=1.0))
+    d.start_request("a", [1, 7, 8, 9, 7, 8, 5, 7, 8])
+    assert d.speculate("a").tokens == (5, 7)
+    t = d.speculate_tree("a", 4)
+    assert (t.tokens, t.parents, t.child_counts) == ((5, 9, 7, 7), (-1, -1, 0, 1), (1, 1, 1, 1))
+    assert t.probs == pytest.approx((1 / 3,) * 4) and t.score == pytest.approx(4 / 3)
+    assert (t.match_len, t.match_count, t.tree, t.depth()) == (2, 3, "local", 2)
+    assert d.speculate_tree("a", 1).tokens == (5,)
+
+
 @pytest.mark.parametrize("name", DRAFTERS)
 @settings(max_examples=60, deadline=None)
 @given(prompt=st.lists(tokens, min_size=1, max_size=20), output=st.lists(tokens, min_size=1, max_size=30), cut=st.integers(1, 5))

@@ -113,6 +113,50 @@ class Draft:
 EMPTY_DRAFT = Draft()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DraftTree:
+    """A tree draft (SuffixDecoding's tree speculation): several continuations of the
+    matched pattern, at most ``max_nodes`` nodes, chosen best-first by path probability.
+
+    Nodes are listed in the order they were chosen, so a parent always precedes its
+    children; ``parents[i]`` is the index of node i's parent, -1 under the root (the
+    matched pattern). ``probs[i]`` is node i's path probability (the product of
+    count(child) / count(node) from the root), ``child_counts[i]`` its trie count, and
+    ``score`` the sum of ``probs`` (the expected tokens verify accepts if the counts are
+    the target's probabilities; nodes of one depth are disjoint events, so a tree of
+    depth d scores at most d). A chain is the tree whose nodes each have one child.
+
+    Worked example (max_depth 64, factor 1, min_token_prob 0.1): the request's own tree
+    holds ``7 8 9 7 8 5 7 8``, the context ends in ``7 8`` (3 occurrences, the last the
+    context itself) and max_nodes is 4. Children of the root: 5 (1 of 3, newest) and 9 (1 of 3): node 0
+    is 5 (prob 1/3), node 1 is 9 (1/3, a tie: the more recent goes first); with a budget
+    of 2 tokens per path, node 2 is 7 under 5 (1/3) and node 3 is 7 under 9 (1/3):
+    tokens (5, 9, 7, 7), parents (-1, -1, 0, 1), score 4/3.
+    """
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    probs: tuple[float, ...] = ()
+    child_counts: tuple[int, ...] = ()
+    score: float = 0.0
+    match_len: int = 0
+    match_count: int = 0
+    tree: str = ""
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def depth(self) -> int:
+        """Tokens on the longest root-to-leaf path."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
+
+
+EMPTY_TREE = DraftTree()
+
+
 def as_token_array(ids: Sequence[int] | np.ndarray) -> np.ndarray:
     """Validated token ids for a drafter: a contiguous 1-D int32 array, no negatives."""
     arr = np.ascontiguousarray(ids, dtype=np.int32)

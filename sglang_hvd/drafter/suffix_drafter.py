@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, as_token_array, drafts_to_arrays
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree, as_token_array, drafts_to_arrays
 from .registry import register_drafter
-from .suffix_match import best_draft
+from .suffix_match import best_draft, best_tree
 from .token_index import TokenIndex
 
 
@@ -73,6 +73,16 @@ class SuffixDrafter:
         tail = local.arena[max(local.pad, end - self.config.max_depth) : end]
         own = best_draft(local, tail, self.config, LOCAL_TREE)
         shared = best_draft(self._global, tail, self.config, GLOBAL_TREE)
+        return own if own.score >= shared.score else shared
+
+    def speculate_tree(self, req_id: str, max_nodes: int) -> DraftTree:
+        """A tree draft of at most ``max_nodes`` nodes (the reference semantics; not yet part
+        of the Drafter protocol: the native drafter does not have it)."""
+        local = self._running(req_id)
+        end = local.doc_end(0) + 1
+        tail = local.arena[max(local.pad, end - self.config.max_depth) : end]
+        own = best_tree(local, tail, self.config, LOCAL_TREE, max_nodes)
+        shared = best_tree(self._global, tail, self.config, GLOBAL_TREE, max_nodes)
         return own if own.score >= shared.score else shared
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:

@@ -26,11 +26,13 @@ Sets: lengths 1-2 -> {10, 31, 52}, length 3 and up -> {10, 52} (until 10 stops m
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import heapq
 
 import numpy as np
 
-from .protocol import EMPTY_DRAFT, Draft, DrafterConfig
+from .protocol import EMPTY_DRAFT, EMPTY_TREE, Draft, DrafterConfig, DraftTree
 from .token_index import TokenIndex
 
 # Below this many occurrences, backward match lengths are computed as one matrix.
@@ -223,4 +225,70 @@ def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfi
                 tokens=tuple(tokens), probs=tuple(probs), child_counts=tuple(counts), score=score,
                 match_len=p, match_count=len(ends), tree=tree,
             )
+    return best
+
+
+def _grow_tree(index: TokenIndex, ends: np.ndarray, limit: int, max_nodes: int, min_prob: float, cap: int,
+               exact_first: bool) -> list[tuple[int, int, float, int]]:
+    """Best-first tree from a node whose occurrences end at ``ends``: ``(token, parent,
+    prob, count)`` per node in the order chosen. A frontier node's key is (-prob, depth,
+    -newest stamp of its occurrences): ties go to the shallower node, then to the more
+    recently appended one (the chain walk's rule), so parents come before children. A
+    node's children are counted over the newest ``cap`` of its occurrences (its first
+    level over all of them with ``exact_first``, as the chain walk does)."""
+    arena, stamps = index.arena, index.stamps
+    nodes: list[tuple[int, int, float, int]] = []
+    frontier: list = []
+
+    def push_children(occ: np.ndarray, parent: int, prob: float, depth: int) -> None:
+        nxt = arena[occ + 1]
+        valid = nxt >= 0
+        if not valid.any():
+            return
+        total = len(occ)
+        for tok in np.unique(nxt[valid]).tolist():
+            hit = occ[nxt == tok] + 1
+            child = prob * (len(hit) / total)
+            if child >= min_prob:
+                heapq.heappush(frontier, (-child, depth, -int(stamps[hit].max()), tok, parent, hit))
+
+    if limit < 1:
+        return nodes
+    push_children(ends if exact_first else newest(index, ends, cap), -1, 1.0, 1)
+    while frontier and len(nodes) < max_nodes:
+        neg_prob, depth, _, tok, parent, occ = heapq.heappop(frontier)
+        nodes.append((tok, parent, -neg_prob, len(occ)))
+        if depth < limit:
+            push_children(newest(index, occ, cap), len(nodes) - 1, -neg_prob, depth + 1)
+    return nodes
+
+
+def best_tree(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfig, tree: str,
+              max_nodes: int) -> DraftTree:
+    """The best-scoring tree draft of one tree (at most ``max_nodes`` nodes, each path
+    within its pattern's budget); the same sets and tie rules as ``best_draft``."""
+    max_p = min(len(context_tail), config.max_depth) - 1
+    if max_p < 1 or max_nodes < 1:
+        return EMPTY_TREE
+    rev = np.ascontiguousarray(context_tail[::-1][: max_p + 1])
+    best = EMPTY_TREE
+    budgets = _budget_table(config)
+    for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p, config.scan_limit)):
+        p = _best_length(config, p_lo, p_hi)
+        limit = budgets[p]
+        if min(limit, max_nodes) <= best.score:  # a level's probabilities sum to <= 1
+            continue
+        alone = p_hi == 1 and not (max_p == 1 and bool(np.all(index.arena[ends - 1] == rev[1])))
+        nodes = _grow_tree(index, ends, limit, max_nodes, config.min_token_prob, config.max_occurrences,
+                           exact_first=alone)
+        if not alone:
+            ends = newest(index, ends, config.max_occurrences)
+        score = float(sum(n[2] for n in nodes))
+        if nodes and score > best.score:
+            candidate = DraftTree(tokens=tuple(n[0] for n in nodes), parents=tuple(n[1] for n in nodes),
+                                  probs=tuple(n[2] for n in nodes), child_counts=tuple(n[3] for n in nodes),
+                                  score=score, match_len=0, match_count=len(ends), tree=tree)
+            depth = candidate.depth()
+            match = max(q for q in range(p_lo, p_hi + 1) if budgets[q] >= depth)
+            best = dataclasses.replace(candidate, match_len=match)
     return best
