@@ -87,12 +87,25 @@ class NaiveDrafter:
         return own if own.score >= shared.score else shared
 
     def _best_tree(self, docs, ctx, tree, max_nodes):
-        """Every node of the continuation trie (within the budget, probability >= the
-        floor), sorted by (-prob, depth, -newest stamp): the first max_nodes are the tree."""
+        """Lengths whose occurrence sets are equal (and length 1 with length 2 when every
+        occurrence of the last token follows the one before it) share one tree, grown with
+        the largest of their budgets (ties: the longer length); its match is the longest of
+        them whose budget admits the tree's depth. The tree: every node of the continuation
+        trie within that budget and the probability floor, sorted by (-prob, depth, -newest
+        stamp), the first max_nodes."""
         best = EMPTY_TREE
         k = self.config.max_occurrences
+        budget = self.config.budget
+        groups = []  # [lengths, occurrences, alone]
         for p, occ, alone in self._occurrences(docs, ctx):
-            limit = self.config.budget(p)
+            if groups and (set(groups[-1][1]) == set(occ) or (p == 2 and not groups[-1][2])):
+                groups[-1][0].append(p)
+                groups[-1][1] = occ
+            else:
+                groups.append([[p], occ, alone])
+        for lengths, occ, alone in groups:
+            p = max(lengths, key=lambda q: (budget(q), q))
+            limit = budget(p)
             found = []
 
             def expand(cur, path, prob, depth):
@@ -115,11 +128,12 @@ class NaiveDrafter:
             where = {f[1]: n for n, f in enumerate(chosen)}
             score = float(sum(f[2] for f in chosen))
             if chosen and score >= best.score:
+                depth = max(len(f[1]) for f in chosen)
                 best = DraftTree(tokens=tuple(f[1][-1] for f in chosen),
                                  parents=tuple(where.get(f[1][:-1], -1) for f in chosen),
                                  probs=tuple(f[2] for f in chosen), child_counts=tuple(f[3] for f in chosen),
-                                 score=score, match_len=p, match_count=len(occ) if alone else min(len(occ), k),
-                                 tree=tree)
+                                 score=score, match_len=max(q for q in lengths if budget(q) >= depth),
+                                 match_count=len(occ) if alone else min(len(occ), k), tree=tree)
         return best
 
     def _best(self, docs, ctx, tree):

@@ -188,14 +188,15 @@ def test_same_drafts_as_the_naive_reference(name, reqs, cfg):
         assert cached <= config.global_max_tokens or cached == running
 
 
+@pytest.mark.parametrize("name", DRAFTERS)
 @settings(max_examples=150, deadline=None)
 @given(reqs=requests, cfg=configs, max_nodes=st.sampled_from([1, 2, 3, 5, 16]))
-def test_tree_drafts_equal_the_naive_reference_and_beat_the_chain(reqs, cfg, max_nodes):
-    """Tree drafts (the Python reference; the native drafter has none yet): the same trees
-    as a brute force over every node of the continuation trie; every node's path occurs
-    in the history; with room for a whole chain the tree scores at least the chain's."""
+def test_tree_drafts_equal_the_naive_reference_and_beat_the_chain(name, reqs, cfg, max_nodes):
+    """Tree drafts: the same trees as a brute force over every node of the continuation
+    trie; parents before children, within the node and depth budgets; with room for a
+    whole chain the tree scores at least the chain's."""
     config = DrafterConfig(**cfg)
-    real, naive = create_drafter("python", config), NaiveDrafter(config)
+    real, naive = create_drafter(name, config), NaiveDrafter(config)
     for r, (prompt, chunks) in enumerate(reqs):
         rid = f"r{r}"
         for d in (real, naive):
@@ -214,13 +215,14 @@ def test_tree_drafts_equal_the_naive_reference_and_beat_the_chain(reqs, cfg, max
                 d.finish_request(rid)
 
 
-def test_branching_trees_on_longer_streams_equal_the_naive_reference():
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
     """Seeded streams over 4 tokens (so continuations branch), 40 requests sharing the
     global tree, max_occurrences 3 (narrowing inside the tree): equal trees, and most of
     them branch."""
     rng = np.random.default_rng(5)
     config = DrafterConfig(max_depth=8, max_spec_tokens=6, min_token_prob=0.05, max_occurrences=3, max_scan=5)
-    real, naive = create_drafter("python", config), NaiveDrafter(config)
+    real, naive = create_drafter(name, config), NaiveDrafter(config)
     branching = compared = 0
     for r in range(40):
         rid, prompt = f"r{r}", rng.integers(0, 4, size=6).tolist()
@@ -239,10 +241,11 @@ def test_branching_trees_on_longer_streams_equal_the_naive_reference():
     assert compared == 320 and branching > 200, branching
 
 
-def test_a_tree_draft_keeps_the_sibling_a_chain_drops():
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_a_tree_draft_keeps_the_sibling_a_chain_drops(name):
     """The DraftTree docstring's example: after 7 8 the history went on with 9 once and 5
     once; the chain takes 5 (the newer), the tree both, each with what followed it."""
-    d = create_drafter("python", DrafterConfig(max_spec_factor=1.0))
+    d = create_drafter(name, DrafterConfig(max_spec_factor=1.0))
     d.start_request("a", [1, 7, 8, 9, 7, 8, 5, 7, 8])
     assert d.speculate("a").tokens == (5, 7)
     t = d.speculate_tree("a", 4)
@@ -283,6 +286,8 @@ def test_long_prompts_and_many_responses_match_the_reference(name, max_occurrenc
             d.start_request(f"q{r}", prompt)
         for step in range(40):
             assert real.speculate(f"q{r}") == naive.speculate(f"q{r}")
+            if step % 4 == 0:
+                assert real.speculate_tree(f"q{r}", 12) == naive.speculate_tree(f"q{r}", 12)
             chunk = (motif[step % 40 : step % 40 + 3] if step % 3 else rng.integers(0, 6, size=2).tolist())
             for d in (real, naive):
                 d.append(f"q{r}", chunk)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, as_token_array
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree, as_token_array
 from .registry import register_drafter
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,15 @@ class NativeDrafter:
             return Draft()
         return Draft(tokens=tokens, probs=probs, child_counts=counts, score=score, match_len=match_len,
                      match_count=match_count, tree=_TREES[tree])
+
+    def speculate_tree(self, req_id: str, max_nodes: int) -> DraftTree:
+        """A tree draft of at most ``max_nodes`` nodes (DraftTree)."""
+        tokens, parents, probs, counts, score, match_len, match_count, tree = self._core.speculate_tree(
+            self._running(req_id), max_nodes)
+        if not tokens:
+            return DraftTree()
+        return DraftTree(tokens=tokens, parents=parents, probs=probs, child_counts=counts, score=score,
+                         match_len=match_len, match_count=match_count, tree=_TREES[tree])
 
     def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]:
         """Drafts of a decode batch as arrays (GIL released): tokens/probs/child_counts

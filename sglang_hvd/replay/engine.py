@@ -42,6 +42,20 @@ def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: 
     return k
 
 
+def tree_accept_len(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], start: int = 0) -> int:
+    """Greedy verify of a tree draft (DraftTree's tokens and parent links): the depth of the
+    deepest node reached by following continuation[start:] from the root, one child per
+    step (siblings hold distinct tokens)."""
+    node, depth, n = -1, 0, len(continuation) - start
+    while depth < n:
+        want = continuation[start + depth]
+        node = next((i for i, (t, parent) in enumerate(zip(tokens, parents)) if parent == node and t == want), None)
+        if node is None:
+            break
+        depth += 1
+    return depth
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class DenseStep:
     record: TraceRecord

@@ -79,6 +79,21 @@ PYBIND11_MODULE(_native, m) {
             }
             return draft_tuple(d);
         })
+        .def("speculate_tree", [](SuffixDrafter& s, int64_t req, int max_nodes) {
+            hvd::TreeDraft d;
+            {
+                py::gil_scoped_release nogil;
+                d = s.speculate_tree(req, max_nodes);
+            }
+            py::tuple tokens(d.tokens.size()), parents(d.parents.size()), probs(d.probs.size()), counts(d.child_counts.size());
+            for (size_t i = 0; i < d.tokens.size(); ++i) {
+                tokens[i] = py::int_(d.tokens[i]);
+                parents[i] = py::int_(d.parents[i]);
+                probs[i] = py::float_(d.probs[i]);
+                counts[i] = py::int_(d.child_counts[i]);
+            }
+            return py::make_tuple(tokens, parents, probs, counts, d.score, d.match_len, d.match_count, d.tree);
+        })
         .def("speculate_batch",
              [](SuffixDrafter& s, I64 reqs) {
                  // Arrays for a decode batch: tokens/probs/child_counts are [B, max_spec_tokens]

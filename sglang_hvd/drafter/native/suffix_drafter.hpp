@@ -65,6 +65,16 @@ public:
         return a.score >= b.score ? a : b;
     }
 
+    TreeDraft speculate_tree(int64_t req, int max_nodes) {
+        Index& own = running(req);
+        const Index::Doc& d = own.doc(0);
+        int n = static_cast<int>(std::min<int64_t>(d.len, cfg_.max_depth));
+        const int32_t* tail = own.arena() + d.start + d.len - n;
+        TreeDraft a = search_.best_tree(own, tail, n, LOCAL, max_nodes);
+        TreeDraft b = search_.best_tree(global_, tail, n, GLOBAL, max_nodes);
+        return a.score >= b.score ? a : b;
+    }
+
     std::vector<int32_t> context(int64_t req) {
         Index& own = running(req);
         const Index::Doc& d = own.doc(0);

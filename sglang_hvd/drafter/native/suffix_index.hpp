@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -129,6 +130,14 @@ public:
         for (auto r = list.rbegin(); r != list.rend() && static_cast<int64_t>(out.size()) < limit; ++r)
             if (arena_[*r] == tok && arena_[*r - 1] == prev) out.push_back(*r);
         std::reverse(out.begin(), out.end());
+    }
+
+    // Every token seen after `prev`: (token, live count, newest stamp).
+    void successors(int32_t prev, std::vector<std::tuple<int32_t, int64_t, int64_t>>& out) const {
+        out.clear();
+        auto it = succ_.find(prev);
+        if (it == succ_.end()) return;
+        for (const auto& [tok, c] : it->second.children) out.emplace_back(tok, c.count, c.newest);
     }
 
     // Live occurrences of the bigram (prev, tok).

@@ -20,7 +20,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "suffix_index.hpp"
@@ -56,6 +59,28 @@ struct Draft {
     int tree = NO_TREE;
 };
 
+// A tree draft (sglang_hvd/drafter/protocol.py DraftTree): nodes in the order chosen
+// best-first, parents[i] the index of node i's parent (-1: under the matched pattern).
+struct TreeDraft {
+    std::vector<int32_t> tokens, parents;
+    std::vector<double> probs;
+    std::vector<int64_t> child_counts;
+    double score = 0.0;
+    int match_len = 0;
+    int64_t match_count = 0;
+    int tree = NO_TREE;
+
+    int depth() const {
+        std::vector<int> depths(parents.size());
+        int deepest = 0;
+        for (size_t i = 0; i < parents.size(); ++i) {
+            depths[i] = parents[i] < 0 ? 1 : depths[static_cast<size_t>(parents[i])] + 1;
+            deepest = std::max(deepest, depths[i]);
+        }
+        return deepest;
+    }
+};
+
 class Searcher {
 public:
     explicit Searcher(const Config& c) : cfg_(c) {
@@ -64,8 +89,22 @@ public:
     }
 
     // ctx: the context's last min(len, max_depth) tokens.
-    Draft best(Index& ix, const int32_t* ctx, int n, int tree) {
-        Draft best;
+    Draft best(Index& ix, const int32_t* ctx, int n, int tree) { return search<Draft>(ix, ctx, n, tree, 0); }
+
+    // The best tree of at most max_nodes nodes: the same sets, bounds and tie rules.
+    TreeDraft best_tree(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes) {
+        if (max_nodes < 1) return TreeDraft();
+        return search<TreeDraft>(ix, ctx, n, tree, max_nodes);
+    }
+
+private:
+    template <class Out>
+    Out search(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes) {
+        constexpr bool kTree = std::is_same_v<Out, TreeDraft>;
+        // No draft of a set can score more than its depth budget (nor, for a tree, its
+        // node budget: a level's path probabilities sum to at most 1).
+        auto bound = [&](int limit) { return kTree ? std::min(limit, max_nodes) : limit; };
+        Out best;
         int max_p = std::min(n, cfg_.max_depth) - 1;
         if (max_p < 1) return best;
         const int32_t* arena = ix.arena();
@@ -114,7 +153,7 @@ public:
                 if (p_lo > p_hi) continue;  // (only when max_p < 2)
                 int p = best_length(p_lo, p_hi);
                 int limit = budgets_[p];
-                if (limit <= best.score) continue;
+                if (bound(limit) <= best.score) continue;
                 // The set: the newest K of the scanned occurrences matching >= p_lo tokens.
                 newest_.assign(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(set_size));
                 if (static_cast<int64_t>(newest_.size()) > cap) {
@@ -125,19 +164,32 @@ public:
                 for (int32_t k : newest_) cur_.push_back(ends_[k]);
                 std::sort(cur_.begin(), cur_.end());
                 const int64_t walked = static_cast<int64_t>(cur_.size());
-                Draft d;
-                walk(ix, cur_, limit, 1.0, d);  // (narrows cur_)
+                Out d;
+                if constexpr (kTree)
+                    grow(ix, limit, max_nodes, d, [&](auto&& push) { push_children(ix, cur_, -1, 1.0, 1, push); });
+                else
+                    walk(ix, cur_, limit, 1.0, d);  // (narrows cur_)
                 consider(d, walked, p_lo, p_hi, tree, best);
             }
         }
         if (!merged) {
             // The one-token pattern: its own set E1 (all occurrences of the last token).
             int limit = budgets_[1];
-            if (limit > best.score) {
+            if (bound(limit) > best.score) {
                 int32_t tok;
                 int64_t c;
-                Draft d;
-                if (ix.best_successor(last, tok, c)) {
+                Out d;
+                if constexpr (kTree) {
+                    // Its first level counts all of E1 (the successor table); each child's
+                    // occurrences are fetched when it is expanded, the newest K of them.
+                    grow(ix, limit, max_nodes, d, [&](auto&& push) {
+                        ix.successors(last, succ_buf_);
+                        for (auto& [t, count, newest] : succ_buf_) {
+                            double child = 1.0 * (static_cast<double>(count) / static_cast<double>(e1_count));
+                            if (child >= cfg_.min_token_prob) push(Front{child, 1, newest, t, -1, -1, count, last});
+                        }
+                    });
+                } else if (ix.best_successor(last, tok, c)) {
                     double prob = static_cast<double>(c) / static_cast<double>(e1_count);
                     if (prob >= cfg_.min_token_prob) {
                         d.tokens.push_back(tok);
@@ -155,7 +207,6 @@ public:
         return best;
     }
 
-private:
     int best_length(int lo, int hi) const {
         int best = lo;
         for (int q = lo + 1; q <= hi; ++q)
@@ -163,13 +214,19 @@ private:
         return best;
     }
 
-    void consider(Draft& d, int64_t set_size, int p_lo, int p_hi, int tree, Draft& best) {
+    template <class Out>
+    void consider(Out& d, int64_t set_size, int p_lo, int p_hi, int tree, Out& best) {
         if (d.tokens.empty()) return;
         double score = 0.0;
         for (double p : d.probs) score += p;  // summed in order, as the reference does
         if (!(score > best.score)) return;
+        int depth;
+        if constexpr (std::is_same_v<Out, TreeDraft>)
+            depth = d.depth();
+        else
+            depth = static_cast<int>(d.tokens.size());
         int q = p_hi;
-        while (q > p_lo && budgets_[q] < static_cast<int>(d.tokens.size())) --q;
+        while (q > p_lo && budgets_[q] < depth) --q;
         d.score = score;
         d.match_len = q;
         d.match_count = set_size;
@@ -229,8 +286,90 @@ private:
         }
     }
 
+    // A frontier node of a tree: chosen by path probability, then the shallower, then the
+    // more recently appended (as the chain walk breaks ties). `set` indexes sets_ (its
+    // occurrences' ends); -1: a child of the one-token pattern, fetched when expanded.
+    struct Front {
+        double prob;
+        int depth;
+        int64_t stamp;
+        int32_t tok;
+        int32_t parent;
+        int32_t set;
+        int64_t count;
+        int32_t prev;  // (set == -1) the token before it
+    };
+    struct Lower {
+        bool operator()(const Front& a, const Front& b) const {
+            if (a.prob != b.prob) return a.prob < b.prob;
+            if (a.depth != b.depth) return a.depth > b.depth;
+            return a.stamp < b.stamp;
+        }
+    };
+
+    // Best-first growth: `seed(push)` pushes the first level; each chosen node pushes its
+    // children while its depth is under `limit`, until `max_nodes` are chosen.
+    template <class Seed>
+    void grow(Index& ix, int limit, int max_nodes, TreeDraft& d, Seed&& seed) {
+        if (limit < 1) return;
+        heap_.clear();
+        sets_.clear();
+        auto push = [&](Front f) {
+            heap_.push_back(f);
+            std::push_heap(heap_.begin(), heap_.end(), Lower());
+        };
+        seed(push);
+        while (!heap_.empty() && static_cast<int>(d.tokens.size()) < max_nodes) {
+            std::pop_heap(heap_.begin(), heap_.end(), Lower());
+            Front f = heap_.back();
+            heap_.pop_back();
+            const int32_t index = static_cast<int32_t>(d.tokens.size());
+            d.tokens.push_back(f.tok);
+            d.parents.push_back(f.parent);
+            d.probs.push_back(f.prob);
+            d.child_counts.push_back(f.count);
+            if (f.depth >= limit) continue;
+            if (f.set < 0) {  // a child of the one-token pattern: its newest K occurrences
+                sets_.emplace_back();
+                ix.bigram_ends(f.prev, f.tok, sets_.back(), cfg_.max_occurrences);
+                f.set = static_cast<int32_t>(sets_.size() - 1);
+            }
+            push_children(ix, sets_[static_cast<size_t>(f.set)], index, f.prob, f.depth + 1, push);
+        }
+    }
+
+    // The children of a node whose occurrences end at `occ` (ascending), each with the
+    // ends of its own occurrences; those under the probability floor are not pushed.
+    template <class Push>
+    void push_children(Index& ix, const std::vector<int64_t>& occ, int32_t parent, double prob, int depth, Push&& push) {
+        const int32_t* arena = ix.arena();
+        const int64_t* stamps = ix.stamps();
+        next_.clear();
+        for (int64_t e : occ)
+            if (arena[e + 1] >= 0) next_.emplace_back(arena[e + 1], e + 1);
+        std::sort(next_.begin(), next_.end());
+        const double total = static_cast<double>(occ.size());
+        for (size_t i = 0; i < next_.size();) {
+            size_t j = i;
+            int64_t newest = -1;
+            while (j < next_.size() && next_[j].first == next_[i].first) newest = std::max(newest, stamps[next_[j++].second]);
+            const int64_t count = static_cast<int64_t>(j - i);
+            const double child = prob * (static_cast<double>(count) / total);
+            if (child >= cfg_.min_token_prob) {
+                sets_.emplace_back();
+                for (size_t k = i; k < j; ++k) sets_.back().push_back(next_[k].second);
+                push(Front{child, depth, newest, next_[i].first, parent, static_cast<int32_t>(sets_.size() - 1), count, -1});
+            }
+            i = j;
+        }
+    }
+
     Config cfg_;
     std::vector<int> budgets_;
+    std::vector<Front> heap_;
+    std::deque<std::vector<int64_t>> sets_;  // stable references while growing
+    std::vector<std::pair<int32_t, int64_t>> next_;
+    std::vector<std::tuple<int32_t, int64_t, int64_t>> succ_buf_;
     std::vector<int32_t> rev_;
     std::vector<int64_t> ends_, cur_;
     std::vector<int> match_;
