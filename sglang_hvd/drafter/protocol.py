@@ -125,6 +125,9 @@ class DraftTree:
     ``score`` the sum of ``probs`` (the expected tokens verify accepts if the counts are
     the target's probabilities; nodes of one depth are disjoint events, so a tree of
     depth d scores at most d). A chain is the tree whose nodes each have one child.
+    Pattern lengths that share an occurrence set share one tree, grown with the largest
+    of their budgets (ties: the longer); ``match_len`` is the longest of them whose budget
+    admits the tree's depth.
 
     Worked example (max_depth 64, factor 1, min_token_prob 0.1): the request's own tree
     holds ``7 8 9 7 8 5 7 8``, the context ends in ``7 8`` (3 occurrences, the last the
