@@ -157,35 +157,46 @@ def _occurs(haystack, needle):
     return any(list(haystack[i : i + n]) == list(needle) for i in range(len(haystack) - n + 1))
 
 
+def _drive(drafters, reqs, check) -> None:
+    """Requests one after another (every other one left running): ``check(rid)`` before
+    each chunk is appended and after the last."""
+    for r, (prompt, chunks) in enumerate(reqs):
+        rid = f"r{r}"
+        for d in drafters:
+            d.start_request(rid, prompt)
+        for chunk in chunks:
+            check(rid)
+            for d in drafters:
+                d.append(rid, chunk)
+        check(rid)
+        if r % 2 == 0:
+            for d in drafters:
+                d.finish_request(rid)
+
+
 @pytest.mark.parametrize("name", DRAFTERS)
 @settings(max_examples=150, deadline=None)
 @given(reqs=requests, cfg=configs)
 def test_same_drafts_as_the_naive_reference(name, reqs, cfg):
     config = DrafterConfig(**cfg)
     real, naive = create_drafter(name, config), NaiveDrafter(config)
-    for r, (prompt, chunks) in enumerate(reqs):
-        rid = f"r{r}"
-        for d in (real, naive):
-            d.start_request(rid, prompt)
-        for chunk in chunks:
-            got, want = real.speculate(rid), naive.speculate(rid)
-            assert got == want
-            # A draft is always a path that occurs in the history, and within its budget.
-            if got.tokens:
-                ctx = naive.context(rid)
-                path = ctx[len(ctx) - got.match_len :] + list(got.tokens)
-                assert any(_occurs(h, path) for h in [naive.context(rid)] + [[t for t, _ in v] for v in naive.responses.values()])
-                assert len(got.tokens) <= config.budget(got.match_len)
-            for d in (real, naive):
-                d.append(rid, chunk)
+
+    def check(rid):
+        got = real.speculate(rid)
+        assert got == naive.speculate(rid)
         assert list(real.context(rid)) == naive.context(rid)
-        if r % 2 == 0:
-            for d in (real, naive):
-                d.finish_request(rid)
+        # A draft is always a path that occurs in the history, and within its budget.
+        if got.tokens:
+            ctx = naive.context(rid)
+            path = ctx[len(ctx) - got.match_len :] + list(got.tokens)
+            assert any(_occurs(h, path) for h in [naive.context(rid)] + [[t for t, _ in v] for v in naive.responses.values()])
+            assert len(got.tokens) <= config.budget(got.match_len)
         # Eviction keeps the budget, unless running responses alone exceed it.
         cached = real.memory_stats()["global_tokens"]
         running = sum(len(v) for k, v in naive.responses.items() if k in naive.local)
         assert cached <= config.global_max_tokens or cached == running
+
+    _drive((real, naive), reqs, check)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
@@ -197,22 +208,16 @@ def test_tree_drafts_equal_the_naive_reference_and_beat_the_chain(name, reqs, cf
     whole chain the tree scores at least the chain's."""
     config = DrafterConfig(**cfg)
     real, naive = create_drafter(name, config), NaiveDrafter(config)
-    for r, (prompt, chunks) in enumerate(reqs):
-        rid = f"r{r}"
-        for d in (real, naive):
-            d.start_request(rid, prompt)
-        for chunk in chunks:
-            got = real.speculate_tree(rid, max_nodes)
-            assert got == naive.speculate_tree(rid, max_nodes)
-            assert len(got) <= max_nodes and got.depth() <= config.budget(got.match_len)
-            assert all(parent < i for i, parent in enumerate(got.parents))
-            if max_nodes >= config.max_spec_tokens:
-                assert got.score >= real.speculate(rid).score - 1e-12
-            for d in (real, naive):
-                d.append(rid, chunk)
-        if r % 2 == 0:
-            for d in (real, naive):
-                d.finish_request(rid)
+
+    def check(rid):
+        got = real.speculate_tree(rid, max_nodes)
+        assert got == naive.speculate_tree(rid, max_nodes)
+        assert len(got) <= max_nodes and got.depth() <= config.budget(got.match_len)
+        assert all(parent < i for i, parent in enumerate(got.parents))
+        if max_nodes >= config.max_spec_tokens:
+            assert got.score >= real.speculate(rid).score - 1e-12
+
+    _drive((real, naive), reqs, check)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)

@@ -195,36 +195,42 @@ def _best_length(config: DrafterConfig, p_lo: int, p_hi: int) -> int:
     return max(range(p_lo, p_hi + 1), key=lambda q: (budgets[q], q))
 
 
-def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfig, tree: str) -> Draft:
-    """The best-scoring draft of one tree; ties go to the longer pattern."""
+def _sets(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfig):
+    """The distinct occurrence sets of the context's suffixes, longest pattern first, as
+    ``(p_lo, p_hi, limit, ends, alone, match_count)``: same set => same draft, grown with
+    the largest budget of its lengths (``limit``; ties: the longer). ``alone``: the
+    one-token pattern with a set of its own, whose first step counts every occurrence;
+    every other set is walked from its newest K (``match_count`` is the size walked)."""
     max_p = min(len(context_tail), config.max_depth) - 1
     if max_p < 1:
-        return EMPTY_DRAFT
+        return
     rev = np.ascontiguousarray(context_tail[::-1][: max_p + 1])
-    best = EMPTY_DRAFT
     budgets = _budget_table(config)
     for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p, config.scan_limit)):
-        # Same set => same walk; pick the length with the largest budget (ties: longer).
-        p = _best_length(config, p_lo, p_hi)
-        limit = budgets[p]
-        if limit <= best.score:
-            continue
-        # The one-token pattern alone (its set is not the two-token one's) counts its first
-        # token over every occurrence; every other set is walked from its newest K.
         alone = p_hi == 1 and not (max_p == 1 and bool(np.all(index.arena[ends - 1] == rev[1])))
+        count = len(ends) if alone else min(len(ends), config.max_occurrences)
+        yield p_lo, p_hi, budgets[_best_length(config, p_lo, p_hi)], ends, alone, count
+
+
+def _match_len(config: DrafterConfig, p_lo: int, p_hi: int, depth: int) -> int:
+    """Every length of a set whose budget admits the whole draft drafts the same; the
+    longest of them is the match (as a search over all lengths finds)."""
+    budgets = _budget_table(config)
+    return max(q for q in range(p_lo, p_hi + 1) if budgets[q] >= depth)
+
+
+def best_draft(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfig, tree: str) -> Draft:
+    """The best-scoring draft of one tree; ties go to the longer pattern."""
+    best = EMPTY_DRAFT
+    for p_lo, p_hi, limit, ends, alone, count in _sets(index, context_tail, config):
+        if limit <= best.score:  # probabilities are <= 1
+            continue
         tokens, probs, counts = _walk(index, ends, limit, config.min_token_prob, config.max_occurrences,
                                       exact_first=alone)
-        if not alone:
-            ends = newest(index, ends, config.max_occurrences)
         score = float(sum(probs))
         if tokens and score > best.score:
-            # Every length of the set whose budget admits the whole walk drafts the same
-            # tokens; the longest of them is the match (as a search over all lengths finds).
-            p = max(q for q in range(p_lo, p_hi + 1) if budgets[q] >= len(tokens))
-            best = Draft(
-                tokens=tuple(tokens), probs=tuple(probs), child_counts=tuple(counts), score=score,
-                match_len=p, match_count=len(ends), tree=tree,
-            )
+            best = Draft(tokens=tuple(tokens), probs=tuple(probs), child_counts=tuple(counts), score=score,
+                         match_len=_match_len(config, p_lo, p_hi, len(tokens)), match_count=count, tree=tree)
     return best
 
 
@@ -267,28 +273,18 @@ def best_tree(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfig
               max_nodes: int) -> DraftTree:
     """The best-scoring tree draft of one tree (at most ``max_nodes`` nodes, each path
     within its pattern's budget); the same sets and tie rules as ``best_draft``."""
-    max_p = min(len(context_tail), config.max_depth) - 1
-    if max_p < 1 or max_nodes < 1:
-        return EMPTY_TREE
-    rev = np.ascontiguousarray(context_tail[::-1][: max_p + 1])
     best = EMPTY_TREE
-    budgets = _budget_table(config)
-    for p_lo, p_hi, ends in reversed(_groups(index, rev, max_p, config.scan_limit)):
-        p = _best_length(config, p_lo, p_hi)
-        limit = budgets[p]
+    if max_nodes < 1:
+        return best
+    for p_lo, p_hi, limit, ends, alone, count in _sets(index, context_tail, config):
         if min(limit, max_nodes) <= best.score:  # a level's probabilities sum to <= 1
             continue
-        alone = p_hi == 1 and not (max_p == 1 and bool(np.all(index.arena[ends - 1] == rev[1])))
         nodes = _grow_tree(index, ends, limit, max_nodes, config.min_token_prob, config.max_occurrences,
                            exact_first=alone)
-        if not alone:
-            ends = newest(index, ends, config.max_occurrences)
         score = float(sum(n[2] for n in nodes))
         if nodes and score > best.score:
             candidate = DraftTree(tokens=tuple(n[0] for n in nodes), parents=tuple(n[1] for n in nodes),
                                   probs=tuple(n[2] for n in nodes), child_counts=tuple(n[3] for n in nodes),
-                                  score=score, match_len=0, match_count=len(ends), tree=tree)
-            depth = candidate.depth()
-            match = max(q for q in range(p_lo, p_hi + 1) if budgets[q] >= depth)
-            best = dataclasses.replace(candidate, match_len=match)
+                                  score=score, match_count=count, tree=tree)
+            best = dataclasses.replace(candidate, match_len=_match_len(config, p_lo, p_hi, candidate.depth()))
     return best

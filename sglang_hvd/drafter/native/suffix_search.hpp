@@ -61,14 +61,8 @@ struct Draft {
 
 // A tree draft (sglang_hvd/drafter/protocol.py DraftTree): nodes in the order chosen
 // best-first, parents[i] the index of node i's parent (-1: under the matched pattern).
-struct TreeDraft {
-    std::vector<int32_t> tokens, parents;
-    std::vector<double> probs;
-    std::vector<int64_t> child_counts;
-    double score = 0.0;
-    int match_len = 0;
-    int64_t match_count = 0;
-    int tree = NO_TREE;
+struct TreeDraft : Draft {
+    std::vector<int32_t> parents;
 
     int depth() const {
         std::vector<int> depths(parents.size());
