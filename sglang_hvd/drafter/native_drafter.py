@@ -58,7 +58,7 @@ class NativeDrafter:
         self.config = config or DrafterConfig()
         c = self.config
         self._core = _native.Core(c.max_depth, c.max_spec_tokens, c.max_spec_factor, c.max_spec_offset,
-                                  c.min_token_prob, c.global_max_tokens, c.max_occurrences, c.max_scan)
+                                  c.min_token_prob, c.global_max_tokens, c.max_occurrences, c.scan_limit)
         self._handles: dict[str, int] = {}
         self._next = 0
 

@@ -38,7 +38,7 @@ PYBIND11_MODULE(_native, m) {
                  c.min_token_prob = min_prob;
                  c.global_max_tokens = global_max_tokens;
                  c.max_occurrences = max_occurrences;
-                 c.max_scan = std::max(max_scan, max_occurrences);
+                 c.max_scan = max_scan;  // DrafterConfig.scan_limit: already >= max_occurrences
                  return new SuffixDrafter(c);
              }),
              py::arg("max_depth"), py::arg("max_spec_tokens"), py::arg("max_spec_factor"), py::arg("max_spec_offset"),

@@ -40,7 +40,7 @@ struct Config {
     double min_token_prob = 0.1;
     int64_t global_max_tokens = 2000000;
     int64_t max_occurrences = 1024;
-    int64_t max_scan = 4096;  // >= max_occurrences (the binding ensures it)
+    int64_t max_scan = 4096;  // >= max_occurrences (DrafterConfig.scan_limit ensures it)
 
     int budget(int p) const {
         // int() of the Python reference truncates toward zero, as the C++ cast does.
@@ -332,7 +332,7 @@ private:
         }
     }
 
-    // The children of a node whose occurrences end at `occ` (ascending), each with the
+    // The children of a node whose occurrences end at `occ` (any order), each with the
     // ends of its own occurrences; those under the probability floor are not pushed.
     template <class Push>
     void push_children(Index& ix, const std::vector<int64_t>& occ, int32_t parent, double prob, int depth, Push&& push) {
