@@ -20,6 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
+from sglang_hvd.errors import HvdInputError  # noqa: E402
 from sglang_hvd.replay.engine import iter_dense  # noqa: E402
 from sglang_hvd.report import format_table  # noqa: E402
 from sglang_hvd.trace import iter_traces  # noqa: E402
@@ -52,7 +53,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     scans, caps = _ints(a.max_scan, "--max-scan", p), _ints(a.max_occurrences, "--max-occurrences", p)
     sources = set(a.sources.split(",")) if a.sources else None
-    records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources]
+    try:
+        records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources]
+    except HvdInputError as e:
+        p.error(str(e))
     if not records:
         p.error("no request to walk (check --sources)")
     start = time.perf_counter()

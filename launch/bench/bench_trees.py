@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
+from sglang_hvd.errors import HvdInputError  # noqa: E402
 from sglang_hvd.replay.engine import accept_len, tree_accept_len  # noqa: E402
 from sglang_hvd.report import format_table  # noqa: E402
 from sglang_hvd.trace import iter_traces  # noqa: E402
@@ -76,7 +77,10 @@ def main(argv=None) -> int:
     except ValueError:
         p.error(f"--nodes takes positive integers separated by commas, got {a.nodes!r}")
     sources = set(a.sources.split(",")) if a.sources else None
-    records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources]
+    try:
+        records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources]
+    except HvdInputError as e:
+        p.error(str(e))
     records = list(itertools.islice(records, a.limit))
     if not records:
         p.error("no request to walk (check --sources)")
