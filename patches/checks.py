@@ -6,6 +6,7 @@ from importlib import metadata
 
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.serving.config import PREFIX, TESTED_SGLANG_VERSION, HVDServingConfig
+from sglang_hvd.policy import MAX_TREE_NODES
 from sglang_hvd.verify import VerifyShape
 
 SHAPE_FLAGS = (("speculative_eagle_topk", "--speculative-eagle-topk"), ("speculative_num_steps", "--speculative-num-steps"),
@@ -42,6 +43,11 @@ def check_server_args(server_args) -> None:
                 raise UnsupportedSetup(f"--{name.replace('_', '-')} {backend} verifies chains only, but "
                                        f"--speculative-eagle-topk {topk} makes tree rows: choose another attention "
                                        "backend (e.g. flashinfer or fa3) or a topk-1 gate")
+        nodes = getattr(server_args, "speculative_num_draft_tokens", None) or 0
+        if nodes - 1 > MAX_TREE_NODES:
+            raise UnsupportedSetup(f"--speculative-num-draft-tokens {nodes}: HVD's tree rows hold at most "
+                                   f"{MAX_TREE_NODES} draft nodes (one 64-bit ancestor mask per node); use at most "
+                                   f"{MAX_TREE_NODES + 1}")
     if getattr(server_args, "pp_size", 1) != 1:
         raise UnsupportedSetup(f"HVD does not support pipeline parallelism yet (--pp-size {server_args.pp_size}); use --pp-size 1")
     if not getattr(server_args, "disable_overlap_schedule", False):

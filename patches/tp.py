@@ -13,21 +13,21 @@ import torch
 
 from sglang_hvd.policy import no_decision
 
-from .rows import pack_plans
+from .rows import pack_plans, packed_width
 
 
 def eagle3_everywhere(bs: int, num_draft_tokens: int) -> np.ndarray:
     """Packed plans that leave every row to EAGLE3."""
     plans = no_decision(bs, num_draft_tokens - 1)
-    return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens)
+    return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens, plans.cache_parents)
 
 
 def broadcast_plans(packed: np.ndarray | None, bs: int, num_draft_tokens: int, group, rank: int,
                     device: torch.device | str = "cpu") -> np.ndarray:
-    """Rank 0's plans ``[bs, num_draft_tokens + 1]`` on every rank of ``group`` (SGLang's
+    """Rank 0's plans ``[bs, packed_width(num_draft_tokens)]`` on every rank of ``group`` (SGLang's
     GroupCoordinator, or anything with ``broadcast(tensor, src=0)``); ``packed`` is
     ignored on the other ranks and may be None on rank 0 (its step failed)."""
-    shape = (bs, num_draft_tokens + 1)
+    shape = (bs, packed_width(num_draft_tokens))
     if rank == 0:
         if packed is None or packed.shape != shape:
             packed = eagle3_everywhere(bs, num_draft_tokens)

@@ -120,7 +120,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             self._hvd_error_logged = True
 
     def _hvd_plan(self, batch):
-        """Rank 0: the packed row plans [bs, 2 + (N-1)] of this step (pack_plans)."""
+        """Rank 0: the packed row plans [bs, 2 + 2 (N-1)] of this step (pack_plans)."""
         self._hvd_pending = None
         if self.hvd is None:
             return None
@@ -136,7 +136,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             n = spec.draft_token_num
             eagle_rows = spec.draft_token.view(len(rids), n)[:, 1:].cpu().numpy()
         self._hvd_pending = (rids, eagle_rows)
-        return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens)
+        return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens, plans.cache_parents)
 
     def _hvd_write(self, spec, packed) -> None:
         if self.topk == 1:

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, metavar="T", help="fixed decision threshold on predicted accept_len (default: calibrated)")
     p.add_argument("--eagle-reserve", type=non_negative_int, metavar="M",
                    help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
+    p.add_argument("--cache-siblings", type=non_negative_int, metavar="S",
+                   help="fixed tree-draft nodes a cache row adds to its chain, taken from EAGLE3's share (topk > 1; "
+                        "default: calibrated among 0 and 4)")
     p.add_argument("--gate-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds tried by calibration (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     p.add_argument("--rule-thresholds", type=float_list, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
@@ -115,7 +118,8 @@ def main(args: argparse.Namespace) -> int:
                               max_epochs=args.epochs, patience=args.patience, seed=args.seed),
             rows=args.rows, drafter_name=args.drafter, drafter=dataclass_from_flags(DrafterConfig, args),
             verify=verify_model_from_flags(args), costs=dataclass_from_flags(CostModel, args, prefix="cost"),
-            threshold=args.threshold, eagle_reserve=args.eagle_reserve, gate_thresholds=args.gate_thresholds,
+            threshold=args.threshold, eagle_reserve=args.eagle_reserve, cache_siblings=args.cache_siblings,
+            gate_thresholds=args.gate_thresholds,
             rule_thresholds=args.rule_thresholds,
         )
         metrics = train_gate(records, flags, tokenizer.identity, args.output, opts)
@@ -125,18 +129,19 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError(str(e)) from None
     write_json(f"{args.output}/metrics.json", metrics)
     cal = metrics["calibration"]
-    rows = [(f"hvd@{e['threshold']:g}/{e['eagle_reserve']}", e["cycles_per_1k"], e["time_per_1k"],
+    rows = [(f"hvd@{e['threshold']:g}/{e['eagle_reserve']}/{e['cache_siblings']}", e["cycles_per_1k"], e["time_per_1k"],
              f"{100 * e['cache_pick_rate']:.1f}%", f"{100 * e['two_branch_rate']:.1f}%", e["precision_at_6"], e["recall_at_6"])
             for e in cal["gate"]]
     rows += [(f"rule@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
              for e in cal["rule"]]
     rows += [(name, e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
              for name, e in cal["baselines"].items()]
-    print(format_table(["policy (hvd@threshold/reserve)", "cycles/1k", "modelled time/1k", "cache pick", "two-branch",
+    print(format_table(["policy (hvd@threshold/reserve/siblings)", "cycles/1k", "modelled time/1k", "cache pick", "two-branch",
                         "precision@6", "recall@6"], rows, title="\ncalibration on validation conversations"))
     v = metrics["validation"]
     d = metrics["decision"]
     print(f"\nwrote {args.output}: threshold {d['threshold']:g}, EAGLE3 reserve {d['eagle_reserve']}, "
+          f"cache siblings {d['cache_siblings']}, "
           f"validation MSE {v['mse']:.3f}, precision@6 {v['precision_at_6']:.3f}, recall@6 {v['recall_at_6']:.3f} "
           f"(every validation draft), ONNX parity {metrics['parity_max_abs_diff']:.2g}, {metrics['seconds']['total']:.0f} s")
     if report.num_skipped:

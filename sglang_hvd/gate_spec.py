@@ -4,7 +4,8 @@ Every reader (the runtime gate, the server's start-up checks, ``hvd eval``) goes
 ``GateSpec.read``; ``hvd train`` writes it with ``to_json``. A field that is missing or
 of the wrong type is a GateError naming the file and the field. Format history:
 1 (no verify shape; cache drafts capped by max_cache_tokens), 2 (verify shape, EAGLE3
-curve, decision rule with an EAGLE3 reserve).
+curve, decision rule with an EAGLE3 reserve; the rule's ``cache_siblings``, added
+later, reads as 0 when absent: such gates verify chains as before).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ class GateSpec:
 
         split = d.get("split") or {}
         return cls(
-            decision=part("decision", lambda v: DecisionRule(float(v["threshold"]), int(v["eagle_reserve"]))),
+            decision=part("decision", lambda v: DecisionRule(float(v["threshold"]), int(v["eagle_reserve"]),
+                                                             int(v.get("cache_siblings", 0)))),
             drafter=part("drafter", lambda v: DrafterConfig(**v)),
             verify=part("verify", VerifyModel.from_json),
             tokenizer=part("tokenizer", lambda v: TokenizerId(str(v["name"]), str(v["digest"]))),

@@ -13,7 +13,10 @@ Per row (request) and step, given its cache draft, its state and the verify shap
       beside it under the root (topk > 1; with topk 1 the row is the chain alone)
 
 ``reserve`` (DecisionRule.eagle_reserve) keeps that many nodes for EAGLE3 even when the
-cache draft could fill the row; a short cache draft leaves more. The verify follows the
+cache draft could fill the row; a short cache draft leaves more. With ``cache_siblings``
+S > 0 (topk > 1) the cache branch is the row tree (drafter/row_tree.py: the chain, then
+the tree draft's other nodes): L = min(len(chain) + S, len(row tree), N-1 - reserve)
+nodes of it, so up to S siblings take nodes EAGLE3 would otherwise get. The verify follows the
 cache branch when its first token is right and EAGLE3's nodes otherwise, so a wrong
 cache guess still yields EAGLE3's tokens: worth curve(M) instead of 1. Threshold and
 reserve are calibrated together on validation replay (``hvd train``) under the EAGLE3
@@ -56,28 +59,33 @@ class RowPlan:
 
 
 CACHE, EAGLE3, GREEDY = "cache", "eagle3", "greedy"
+MAX_TREE_NODES = 63  # draft nodes per row the worker's tree rows handle (one int64 ancestor mask per node)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DecisionRule:
     threshold: float = 1.0  # verify a cache row when the predicted accept_len > threshold
     eagle_reserve: int = 0  # EAGLE3 nodes kept beside a cache draft (topk > 1 shapes)
+    cache_siblings: int = 0  # tree-draft nodes a cache row may add to its chain (topk > 1 shapes)
 
     def __post_init__(self):
         if self.eagle_reserve < 0:
             raise ValueError(f"eagle_reserve must be >= 0, got {self.eagle_reserve}")
+        if self.cache_siblings < 0:
+            raise ValueError(f"cache_siblings must be >= 0, got {self.cache_siblings}")
 
     def to_json(self) -> dict:
-        return {"threshold": self.threshold, "eagle_reserve": self.eagle_reserve}
+        return {"threshold": self.threshold, "eagle_reserve": self.eagle_reserve, "cache_siblings": self.cache_siblings}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RowPlans:
     """The decision for a batch, row-aligned with the request ids passed to ``decide``."""
 
-    cache_lens: np.ndarray  # [B] int32 cache tokens the row verifies (0: no cache branch)
+    cache_lens: np.ndarray  # [B] int32 cache nodes the row verifies (0: no cache branch)
     eagle_nodes: np.ndarray  # [B] int32 EAGLE3 nodes the row keeps (N-1: untouched)
-    cache_tokens: np.ndarray  # [B, N-1] int32 the cache drafts, -1 padded
+    cache_tokens: np.ndarray  # [B, N-1] int32 the cache branch's nodes (a chain, or a row tree), -1 padded
+    cache_parents: np.ndarray  # [B, N-1] int32 each node's parent (-1: the root); a chain: -1, 0, 1, ...
     predicted: np.ndarray  # [B] float32 the gate's accept_len (nan: no draft or no verdict)
     gate_error: Exception | None = None  # the gate failed; every row verifies EAGLE3's tree
 
@@ -146,11 +154,15 @@ def gate_predictions(gate, drafts: dict[str, np.ndarray], states: Sequence[Reque
 
 
 def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
-              eagle_reserve: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cache tokens and EAGLE3 nodes per row for the rows that ``use`` their cache draft
-    (``eagle_reserve``: one for all rows, or one per row)."""
+              eagle_reserve: int | np.ndarray, row_lens: np.ndarray | None = None,
+              cache_siblings: int | np.ndarray = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Cache nodes and EAGLE3 nodes per row for the rows that ``use`` their cache draft
+    (``eagle_reserve``, ``cache_siblings``: one for all rows, or one per row; ``row_lens``:
+    the row trees' sizes, None for chains alone)."""
     n = shape.draft_nodes
     reserve = np.minimum(eagle_reserve, n - 1) if shape.allows_branches else 0
+    if row_lens is not None and shape.allows_branches:
+        draft_lens = np.minimum(draft_lens + np.asarray(cache_siblings), row_lens)
     cache = np.where(use, np.minimum(draft_lens, n - reserve), 0).astype(np.int32)
     if shape.allows_branches:
         eagle = (n - cache).astype(np.int32)
@@ -173,10 +185,11 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
     lens = drafts["lengths"].astype(np.int32)
     b = len(lens)
     if isinstance(rule, DecisionRule):
-        threshold, reserve = rule.threshold, rule.eagle_reserve
+        threshold, reserve, siblings = rule.threshold, rule.eagle_reserve, rule.cache_siblings
     else:
         threshold = np.array([r.threshold for r in rule], dtype=np.float64)
         reserve = np.array([r.eagle_reserve for r in rule], dtype=np.int32)
+        siblings = np.array([r.cache_siblings for r in rule], dtype=np.int32)
     predicted = np.full(b, np.nan, dtype=np.float32)
     use = np.zeros(b, dtype=bool)
     judged = lens > 0
@@ -195,16 +208,30 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
         n = int(lens[i])
         if n:
             s.record(tuple(drafts["tokens"][i, :n].tolist()))
-    cache, eagle = plan_rows(use, lens, shape, reserve)
-    width = shape.draft_nodes
+    trees = "row_lengths" in drafts and shape.allows_branches
+    cache, eagle = plan_rows(use, lens, shape, reserve, drafts["row_lengths"] if trees else None, siblings)
+    tokens, parents = _cache_nodes(drafts, b, shape.draft_nodes, trees)
+    return RowPlans(cache, eagle, tokens, parents, predicted, error)
+
+
+def _cache_nodes(drafts: dict[str, np.ndarray], b: int, width: int, trees: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``[B, width]`` tokens and parents of the rows' cache branches: their row trees, or
+    their chains."""
     tokens = np.full((b, width), -1, dtype=np.int32)
-    w = min(width, drafts["tokens"].shape[1])
-    tokens[:, :w] = drafts["tokens"][:, :w]
-    return RowPlans(cache, eagle, tokens, predicted, error)
+    parents = np.full((b, width), -1, dtype=np.int32)
+    if trees:
+        w = min(width, drafts["row_tokens"].shape[1])
+        tokens[:, :w] = drafts["row_tokens"][:, :w]
+        parents[:, :w] = drafts["row_parents"][:, :w]
+    else:
+        w = min(width, drafts["tokens"].shape[1])
+        tokens[:, :w] = drafts["tokens"][:, :w]
+        parents[:] = np.arange(-1, width - 1, dtype=np.int32)
+    return tokens, parents
 
 
 def no_decision(b: int, draft_nodes: int) -> RowPlans:
     """Every row of ``draft_nodes`` (N-1) draft tokens keeps EAGLE3's tree (a step whose
     decision failed)."""
-    return RowPlans(np.zeros(b, np.int32), np.full(b, draft_nodes, np.int32),
+    return RowPlans(np.zeros(b, np.int32), np.full(b, draft_nodes, np.int32), np.full((b, draft_nodes), -1, np.int32),
                     np.full((b, draft_nodes), -1, np.int32), np.full(b, np.nan, np.float32))

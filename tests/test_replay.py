@@ -15,7 +15,7 @@ from sglang_hvd.drafter import DrafterConfig, create_drafter
 from sglang_hvd.policy import RowPlan
 from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.verify import Eagle3Curve, Eagle3Stream, VerifyShape
-from sglang_hvd.replay.engine import ReconstructionError, accept_len, iter_dense, iter_serving, tree_accept_len
+from sglang_hvd.replay.engine import ReconstructionError, accept_len, iter_dense, iter_serving
 from sglang_hvd.replay.policies import PolicyOptions, make_policies
 from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
@@ -27,17 +27,6 @@ FACTOR1 = DrafterConfig(max_spec_factor=1.0)  # SuffixDecoding's budget: a p-tok
 def rec(req_id, prompt, output, source="toy", conv=None):
     return TraceRecord(req_id=req_id, conv_id=conv or req_id, turn=0, source=source, tokenizer=TOK,
                        prompt_ids=token_array(prompt), output_ids=token_array(output))
-
-
-def test_a_tree_draft_is_accepted_down_the_branch_the_output_took():
-    # 5 -> 7 -> 8 and 5 -> 9, and 6 at the root (nodes in best-first order)
-    tokens, parents = (5, 6, 7, 9, 8), (-1, -1, 0, 0, 2)
-    assert tree_accept_len(tokens, parents, [5, 9, 1]) == 2  # the first branch is wrong, its sibling right
-    assert tree_accept_len(tokens, parents, [5, 7, 8, 4]) == 3
-    assert tree_accept_len(tokens, parents, [0, 5, 7], start=1) == 2
-    assert tree_accept_len(tokens, parents, [5, 7]) == 2  # never past the recorded output
-    assert tree_accept_len(tokens, parents, [8, 5]) == 0  # 8 is a node, but not under the root
-    assert tree_accept_len((), (), [5]) == 0
 
 
 def test_accept_len_is_the_longest_common_prefix():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 
 import numpy as np
@@ -77,10 +79,12 @@ def demo_gate(demo_dir):
     return Gate(os.path.join(demo_dir, "gate"))
 
 
-def test_stepper_serves_losslessly_and_records_replayable_traces(demo_dir, demo_gate, tmp_path):
+@pytest.mark.parametrize("siblings", [0, 4])
+def test_stepper_serves_losslessly_and_records_replayable_traces(demo_dir, demo_gate, tmp_path, siblings):
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:40]
     recorder = TraceRecorder(str(tmp_path / "served.jsonl"))
-    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), demo_gate, demo_gate.shape,
+    rule = dataclasses.replace(demo_gate.rule, cache_siblings=siblings)
+    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), demo_gate, demo_gate.shape, rule=rule,
                          recorder=recorder, tokenizer=records[0].tokenizer)
     emitted = serve(records, stepper, demo_gate.verify_model)
     recorder.close()
@@ -101,15 +105,30 @@ def test_stepper_serves_losslessly_and_records_replayable_traces(demo_dir, demo_
     assert stepper.running() == []
 
 
-def test_server_and_replay_make_the_same_decisions_step_by_step(demo_dir, demo_gate):
+@pytest.mark.parametrize("siblings", [0, 4])
+def test_server_and_replay_make_the_same_decisions_step_by_step(demo_dir, demo_gate, siblings):
     """The one decision path: the serving stepper (one request at a time, so its global
-    cache evolves as replay's does) and replay's hvd policy plan every row alike."""
+    cache evolves as replay's does) and replay's hvd policy plan every row alike, tree
+    rows (cache siblings) included."""
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:60]
     model = demo_gate.verify_model
+    rule = dataclasses.replace(demo_gate.rule, cache_siblings=siblings)
     served = []
-    stepper = HVDStepper(create_drafter("native", demo_gate.drafter_config), demo_gate, model.shape)
+    stepper = HVDStepper(create_drafter("native", demo_gate.drafter_config), demo_gate, model.shape, rule=rule)
+    trees = []  # rows whose cache branch is not a chain
+    decide = stepper.decide
+
+    def logged(rids):
+        plans = decide(rids)
+        for i in range(len(rids)):
+            n = int(plans.cache_lens[i])
+            trees.append(plans.cache_parents[i, :n].tolist() != list(range(-1, n - 1)))
+        return plans
+
+    stepper.decide = logged
     serve(records, stepper, model, concurrency=1, log=served)
-    policy = GatePolicy(demo_gate, demo_gate.rule)
+    assert (sum(trees) > 100) == (siblings > 0)
+    policy = GatePolicy(demo_gate, rule)
     replayed = [(s.req_id, s.pos, s.plan) for s in iter_serving(records, create_drafter("python", demo_gate.drafter_config),
                                                                    [policy], model, prefill_first=True) if s.pos]
     assert len(served) == len(replayed) > 1000  # verify steps of 60 requests
@@ -233,6 +252,42 @@ def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
     assert [(s.pos, s.src, s.draft, s.accept_len) for s in r.steps][0] == (0, "eagle3", (7, 8), 2)
     s = st.summary()
     assert (s["eagle3_branch_wins"], s["rows"]) == (1, 2) and s["two_branch_rate"] > 0
+
+
+def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp_path):
+    rec = TraceRecorder(str(tmp_path / "t.jsonl"))
+    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=4.0)), Sure(FeatureExtractor(np.zeros(60, np.uint16), DrafterConfig())),
+                    VerifyShape(2, 3, 8), rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4), recorder=rec)
+    # after "1 2" the chain says 3 8 1 2 (2 of 3 times), the tree draft also 4 7 (1 of 3)
+    prompt = [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]
+    st.sync("r", prompt, [])
+    plans = st.decide(["r"])
+    assert plans.plan(0) == RowPlan(7, 0)
+    assert plans.cache_tokens[0].tolist() == [3, 8, 1, 2, 4, 7, 9]  # the chain's 7 first (capped at N-1)...
+    plans_parents = plans.cache_parents[0].tolist()
+    assert plans_parents == [-1, 0, 1, 2, 3, 4, 5]  # ... the chain fills the row: no room for siblings
+    st.verified(["r"], [0])
+    st.sync("r", prompt, [5])
+    st.decide(["r"])  # context ... 1 2 5: no draft
+    st.verified(["r"], [0])
+    st.sync("r", prompt, [5, 1])
+    st.finish("r")
+    # a shorter chain: "9 1 2" was seen once, followed by nothing; "1 2" drafts 3 8 1 2 ... and the sibling 4 7
+    st2 = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0)), st.gate, VerifyShape(2, 3, 8),
+                     rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4), recorder=rec)
+    st2.sync("q", prompt, [])
+    plans = st2.decide(["q"])
+    n = int(plans.cache_lens[0])
+    assert plans.cache_tokens[0, :n].tolist() == [3, 8, 4, 7] and plans.cache_parents[0, :n].tolist() == [-1, 0, -1, 2]
+    assert plans.plan(0) == RowPlan(4, 3)
+    st2.verified(["q"], [2])  # the verify accepted 2 tokens ...
+    st2.sync("q", prompt, [4, 7, 5])  # ... down the sibling 4 7
+    st2.finish("q")
+    rec.close()
+    got = {r.req_id: r for r in iter_traces(str(tmp_path / "t.jsonl"))}
+    assert [(s.pos, s.src, s.draft, s.accept_len) for s in got["q"].steps] == [(0, "cache", (4, 7), 2)]
+    s = st2.summary()
+    assert (s["cache_rows"], s["cache_accepted"], s["eagle3_branch_wins"]) == (1, 2, 0)
 
 
 def test_fleet_serves_turns_in_order_and_drafts_from_what_was_generated_before():

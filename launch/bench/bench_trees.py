@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
 from sglang_hvd.errors import HvdInputError  # noqa: E402
-from sglang_hvd.replay.engine import accept_len, tree_accept_len  # noqa: E402
+from sglang_hvd.drafter.row_tree import row_path  # noqa: E402
+from sglang_hvd.replay.engine import accept_len  # noqa: E402
 from sglang_hvd.report import format_table  # noqa: E402
 from sglang_hvd.trace import iter_traces  # noqa: E402
 
@@ -54,7 +55,7 @@ def walk(records, config: DrafterConfig, nodes: list[int]) -> dict:
                 t = time.perf_counter_ns()
                 tree = drafter.speculate_tree(r.req_id, b)
                 s[f"tree{b}_us"].append((time.perf_counter_ns() - t) / 1e3)
-                s[f"tree{b}"].append(tree_accept_len(tree.tokens, tree.parents, out, pos))
+                s[f"tree{b}"].append(len(row_path(tree.tokens, tree.parents, out, pos)))
             drafter.append(r.req_id, out[pos : pos + 1])
         drafter.finish_request(r.req_id)
     return stats

@@ -21,6 +21,7 @@ from .common import (add_examples, FILE, add_json_flag, add_skip_invalid_flag, c
 from .options import add_verify_flags, verify_model_from_flags
 
 POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
+TREE_POLICIES = ("cache_tree", "tree_oracle")  # at topk > 1, where rows hold trees
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Serving-mode replay of the learned gate (hvd: the serving decision, policy.decide) against greedy, "
             "eagle3_only, cache_only, the score rule (its constant as chosen at training) and the choose-one "
-            "oracle (the cache chain exactly when its true accept_len + 1 beats EAGLE3's expected tokens), per "
-            "source and overall, plus the gate's precision and recall for high-payoff drafts (accept_len >= 6) "
+            "oracle (the cache chain exactly when its true accept_len + 1 beats EAGLE3's expected tokens) and, at "
+            "topk > 1, cache_tree and the tree oracle (the same with the row tree: the chain, then siblings from the "
+            "cache tree draft, N-1 nodes), per source and overall, plus the gate's precision and recall for high-payoff drafts (accept_len >= 6) "
             "and its mean absolute error. Drafter settings, verify shape, EAGLE3 curve and decision rule are the "
             "gate's own unless overridden; the fastest drafter built is used (all return identical drafts)."
         ),
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, metavar="T", help="override the gate's threshold on predicted accept_len")
     p.add_argument("--eagle-reserve", type=non_negative_int, metavar="M",
                    help="override the EAGLE3 nodes the gate's decision keeps beside a cache draft (topk > 1)")
+    p.add_argument("--cache-siblings", type=non_negative_int, metavar="S",
+                   help="override the tree-draft nodes the gate's decision adds to a cache chain (topk > 1)")
     p.add_argument("--rule-threshold", type=float, metavar="C", help="override the rule constant chosen at training")
     p.add_argument("--plot", metavar="PATH.png",
                    help="also sweep the threshold and plot precision/recall and cycles per 1k against it (needs matplotlib)")
@@ -63,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     gate = Gate(args.gate, threshold=args.threshold)
     spec = gate.spec
-    decision = gate.rule if args.eagle_reserve is None else DecisionRule(gate.rule.threshold, args.eagle_reserve)
+    decision = DecisionRule(gate.rule.threshold,
+                            gate.rule.eagle_reserve if args.eagle_reserve is None else args.eagle_reserve,
+                            gate.rule.cache_siblings if args.cache_siblings is None else args.cache_siblings)
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -85,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError(f"the traces were tokenized with {records[0].tokenizer.name}@{records[0].tokenizer.digest}, "
                             f"the gate was trained on {spec.tokenizer.name}@{spec.tokenizer.digest}")
     options = PolicyOptions(rule_thresholds=(rule,), eagle3_tokens=model.eagle3_tokens, gate=gate, decision=decision)
-    policies = make_policies(list(POLICIES), options)
+    policies = make_policies(list(POLICIES) + list(TREE_POLICIES if model.shape.allows_branches else ()), options)
     hvd = next(p for p in policies if isinstance(p, GatePolicy))
     with progress(total=len(records), desc="eval", unit="req") as bar:
         result = simulate(records, create_drafter(default_drafter_name(), gate.drafter_config), policies,
@@ -93,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     costs = spec.costs
     out = {"overall": {**result.overall.to_json(), "gate": {**gate_metrics(hvd.judged), "cache_pick_rate":
            result.overall.policy("hvd").to_json()["cache_pick_rate"]}}, "sources": {},
-           "threshold": decision.threshold, "eagle_reserve": decision.eagle_reserve, "rule_threshold": rule,
+           **decision.to_json(), "rule_threshold": rule,
            "verify": model.to_json()}
     header = ("policy",) + COLUMNS + ("time/1k",)
     for name, tally in sorted(result.sources.items()):
@@ -104,9 +110,10 @@ def main(args: argparse.Namespace) -> int:
         _print("overall", result.overall, header, costs, out["overall"]["gate"])
     print(f"\nverify rows of {model.shape.describe()} (cache drafts checked up to {model.shape.draft_nodes} tokens), "
           f"EAGLE3 {model.eagle3_tokens:.3g} tokens per verify; hvd threshold {decision.threshold:g}, EAGLE3 reserve "
-          f"{decision.eagle_reserve}; rule constant {rule:g}; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
+          f"{decision.eagle_reserve}, cache siblings {decision.cache_siblings}; rule constant {rule:g}; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
     if args.plot:
-        sw = sweep(records, gate, default_drafter_name(), model, costs, args.plot_thresholds, (), (decision.eagle_reserve,))
+        sw = sweep(records, gate, default_drafter_name(), model, costs, args.plot_thresholds, (), (decision.eagle_reserve,),
+                   (decision.cache_siblings,))
         _plot(args.plot, sw)
         out["sweep"] = sw.to_json()
         print(f"plot: {args.plot}")

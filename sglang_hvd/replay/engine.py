@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
+from ..drafter.row_tree import accepted_within, chain_path, row_path, speculate_row
 from ..policy import RequestState, RowPlan
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream
@@ -40,20 +41,6 @@ def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: 
     while k < n and draft_tokens[k] == continuation[start + k]:
         k += 1
     return k
-
-
-def tree_accept_len(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], start: int = 0) -> int:
-    """Greedy verify of a tree draft (DraftTree's tokens and parent links): the depth of the
-    deepest node reached by following continuation[start:] from the root, one child per
-    step (siblings hold distinct tokens)."""
-    node, depth, n = -1, 0, len(continuation) - start
-    while depth < n:
-        want = continuation[start + depth]
-        node = next((i for i, (t, parent) in enumerate(zip(tokens, parents)) if parent == node and t == want), None)
-        if node is None:
-            break
-        depth += 1
-    return depth
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,12 +139,22 @@ def iter_serving(
     """
     shape = model.shape
     drafting = any(p.needs_draft for p in policies)
+    # Row trees (the chain and siblings from the tree draft) where a policy verifies them;
+    # at topk 1 a row is a chain.
+    trees = shape.allows_branches and any(getattr(p, "needs_rows", False) for p in policies)
+    no_row = ((), ())
     for record in records:
         out_list = record.output_ids.tolist()
         n = len(out_list)
         drafter.start_request(record.req_id, record.prompt_ids)
-        dense = list(_every_position(drafter, record, out_list)) if drafting else []
-        drafts, labels = [d for _, d, _ in dense], [label for _, _, label in dense]
+        drafts, labels, rows, paths = [], [], [], []
+        for pos, draft, label in (_every_position(drafter, record, out_list) if drafting else ()):
+            drafts.append(draft)
+            labels.append(label)
+            row = speculate_row(drafter, record.req_id, draft, shape.draft_nodes) if trees else no_row
+            rows.append(row)
+            # the nodes the output passes through: a chain's are its first LCP nodes
+            paths.append(row_path(*row, out_list, pos) if trees else chain_path(min(label, shape.draft_nodes)))
         streams = [Eagle3Stream() for _ in policies]
         # Only policies that read the request's state (the gate) pay for keeping it.
         states = [RequestState(record.prompt_ids) if getattr(p, "needs_state", False) else None for p in policies]
@@ -175,7 +172,8 @@ def iter_serving(
                 pos, needs = position[i], policies[i].needs_draft
                 views.append(StepView(req_id=record.req_id, source=record.source, pos=pos, shape=shape,
                                       draft=drafts[pos] if needs else EMPTY_DRAFT, state=states[i],
-                                      oracle_accept_len=model.cache_accept_len(labels[pos]) if needs else 0))
+                                      oracle_accept_len=model.cache_accept_len(labels[pos]) if needs else 0,
+                                      row=rows[pos] if needs else no_row, oracle_path=paths[pos] if needs else ()))
             plans = _decide_all([policies[i] for i in active], views)
             still = []
             for i, view, plan in zip(active, views, plans):
@@ -183,7 +181,8 @@ def iter_serving(
                 if not isinstance(plan, RowPlan) or plan.cache_len + plan.eagle_nodes > shape.draft_nodes:
                     raise ValueError(f"policy {policy.name!r} returned {plan!r}; expected a RowPlan within "
                                      f"{shape.draft_nodes} nodes")
-                out_len = min(model.out_len(plan, labels[pos] if policy.needs_draft else 0, streams[i]), n - pos)
+                accepted = accepted_within(view.oracle_path, plan.cache_len)
+                out_len = min(model.out_len(plan, accepted, streams[i]), n - pos)
                 if states[i] is not None:
                     states[i].observe(out_list[pos : pos + out_len])
                 yield ServingStep(record.req_id, record.source, policy.name, pos, plan, view.draft,

@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..drafter.row_tree import row_path
 from ..policy import RowPlan
 from ..serving.stepper import HVDStepper
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream
 from .acceptance import VerifyModel
-from .engine import accept_len
 from .metrics import SourceTally, overall
 
 PREFILL_ROW = RowPlan(0, 0)
@@ -123,11 +123,11 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStep
             r, _, stream = running[rid]
             pos = len(emitted[rid])
             plan = plans.plan(i)
-            # a row verifies at most N-1 cache tokens: only that much of the recording is compared
-            lcp = accept_len(plans.cache_tokens[i, : plan.cache_len].tolist(),
-                             r.output_ids[pos : pos + plan.cache_len].tolist())
-            out = min(model.out_len(plan, lcp, stream), len(r.output_ids) - pos)
-            sources[r.source].policy(policy).add_step(plan, out, lcp)
+            # a row verifies at most N-1 cache nodes: only that much of the recording is compared
+            accepted = len(row_path(plans.cache_tokens[i, : plan.cache_len].tolist(),
+                               plans.cache_parents[i, : plan.cache_len].tolist(), r.output_ids[pos : pos + plan.cache_len].tolist()))
+            out = min(model.out_len(plan, accepted, stream), len(r.output_ids) - pos)
+            sources[r.source].policy(policy).add_step(plan, out, accepted)
             emitted[rid].extend(r.output_ids[pos : pos + out].tolist())
             accepts[i] = out - 1
             if on_step is not None:

@@ -12,6 +12,10 @@ them on the same traces:
                row, a cache chain or a two-branch row
   oracle       the choose-one oracle: the cache chain exactly when its true yield
                (accepted + 1) beats EAGLE3's expected tokens at the shape
+  cache_tree   cache_only with the row tree (drafter/row_tree.py: the chain, then
+               siblings from the tree draft, N-1 nodes) at topk > 1
+  tree_oracle  the choose-one oracle over the row tree: it exactly when its true yield
+               beats EAGLE3's
 
 Baselines verify one source per row, as their designers ship them; only hvd shares a
 row between the cache draft and EAGLE3.
@@ -24,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
 from ..drafter.protocol import Draft, drafts_to_arrays
+from ..drafter.row_tree import rows_to_arrays
 from ..policy import DecisionRule, RequestState, RowPlan, decide
 from ..verify import VerifyShape
 
@@ -40,12 +45,17 @@ class StepView:
     state: RequestState | None  # the request's decision state under this policy (needs_state)
     oracle_accept_len: int
     """The draft's true accepted length, capped at the row (N-1). Only the oracle may read it."""
+    row: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    """The row tree's tokens and parents (``needs_rows`` policies at topk > 1; else empty)."""
+    oracle_path: tuple[int, ...] = ()
+    """Row-tree nodes the output passes through (a chain's: its first accepted nodes). Only oracles read it."""
 
 
 class Policy(Protocol):
     name: str
     needs_draft: ClassVar[bool]  # replay drafts where this policy stands
     # (optional) needs_state: ClassVar[bool]: replay keeps a RequestState for it
+    # (optional) needs_rows: bool: replay builds row trees where it stands (topk > 1)
 
     def decide(self, view: StepView) -> RowPlan: ...
 
@@ -115,6 +125,36 @@ class Oracle:
         return eagle3_row(view.shape)
 
 
+def row_of(view: StepView) -> RowPlan:
+    """The whole row tree as the cache branch (the chain when there is no tree)."""
+    return RowPlan(len(view.row[0]), 0) if view.row[0] else cache_chain(view)
+
+
+class CacheTree:
+    name = "cache_tree"
+    needs_draft = True
+    needs_rows = True
+
+    def decide(self, view: StepView) -> RowPlan:
+        return row_of(view) if view.draft.tokens else GREEDY_ROW
+
+
+class TreeOracle:
+    """The row tree exactly when its true yield (accepted + 1) beats EAGLE3's expectation."""
+
+    name = "tree_oracle"
+    needs_draft = True
+    needs_rows = True
+
+    def __init__(self, eagle3_tokens: float):
+        self.eagle3_tokens = eagle3_tokens
+
+    def decide(self, view: StepView) -> RowPlan:
+        if view.draft.tokens and len(view.oracle_path) + 1 > self.eagle3_tokens:
+            return row_of(view)
+        return eagle3_row(view.shape)
+
+
 class GatePolicy:
     """HVD: the serving decision (policy.decide). Replay batches every GatePolicy of one
     gate standing in a request (``batch_key``, ``decide_batch``): one gate call for all
@@ -134,6 +174,10 @@ class GatePolicy:
         self.judged: list[tuple[str, float, int]] = []
 
     @property
+    def needs_rows(self) -> bool:
+        return self.rule.cache_siblings > 0
+
+    @property
     def batch_key(self):
         return ("gate", id(self.gate))
 
@@ -143,6 +187,8 @@ class GatePolicy:
     @staticmethod
     def decide_batch(policies: Sequence[GatePolicy], views: Sequence[StepView]) -> list[RowPlan]:
         arrays = drafts_to_arrays([v.draft for v in views], max(max(len(v.draft.tokens) for v in views), 1))
+        if any(v.row[0] for v in views):
+            arrays.update(rows_to_arrays([v.row for v in views], views[0].shape.draft_nodes))
         plans = decide(policies[0].gate, arrays, [v.state for v in views], views[0].shape, [p.rule for p in policies])
         for k, (policy, view) in enumerate(zip(policies, views)):
             if view.draft.tokens:
@@ -174,6 +220,8 @@ POLICY_FACTORIES: dict[str, Callable[[PolicyOptions], list[Policy]]] = {
     "cache_only": lambda o: [CacheOnly()],
     "rule": lambda o: [ScoreRule(t) for t in o.rule_thresholds],
     "oracle": lambda o: [Oracle(o.eagle3_tokens)],
+    "cache_tree": lambda o: [CacheTree()],
+    "tree_oracle": lambda o: [TreeOracle(o.eagle3_tokens)],
     "hvd": _gate_policies,
 }
 BASELINES = ("greedy", "eagle3_only", "cache_only", "rule")

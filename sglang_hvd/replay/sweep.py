@@ -1,4 +1,4 @@
-"""Decision sweeps: the gate at many (threshold, EAGLE3 reserve) rules and the score rule
+"""Decision sweeps: the gate at many (threshold, EAGLE3 reserve, cache siblings) rules and the score rule
 at many constants, replayed together in one serving-mode pass, scored by modelled
 decode time.
 
@@ -33,6 +33,12 @@ def default_reserves(shape: VerifyShape) -> tuple[int, ...]:
     return tuple(sorted({0, 1, shape.steps})) if shape.allows_branches else (0,)
 
 
+def default_siblings(shape: VerifyShape) -> tuple[int, ...]:
+    """Cache siblings calibration tries: the chain alone, and 4 tree-draft nodes beside it
+    (topk > 1; on held-out dev tasks 2-6 siblings all gain ~1%, README)."""
+    return (0, 4) if shape.allows_branches else (0,)
+
+
 def gate_metrics(judged: Sequence[tuple[str, float, int]], source: str | None = None) -> dict[str, float]:
     """Precision/recall of predicting a high-payoff draft (accept_len >= 6), and MAE."""
     rows = [(p, y) for s, p, y in judged if source is None or s == source]
@@ -53,7 +59,7 @@ def gate_metrics(judged: Sequence[tuple[str, float, int]], source: str | None = 
 @dataclasses.dataclass(slots=True)
 class Sweep:
     result: ReplayResult
-    gate_curve: list[dict]  # one entry per decision rule (threshold, eagle_reserve)
+    gate_curve: list[dict]  # one entry per decision rule (threshold, eagle_reserve, cache_siblings)
     rule_curve: list[dict]  # one entry per rule constant
     best: DecisionRule
     best_rule_threshold: float
@@ -67,10 +73,11 @@ class Sweep:
 def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, model: VerifyModel, costs: CostModel,
           gate_thresholds: Sequence[float] = DEFAULT_GATE_THRESHOLDS,
           rule_thresholds: Sequence[float] = DEFAULT_RULE_THRESHOLDS,
-          reserves: Sequence[int] | None = None) -> Sweep:
+          reserves: Sequence[int] | None = None, siblings: Sequence[int] | None = None) -> Sweep:
     reserves = default_reserves(model.shape) if reserves is None else tuple(reserves)
-    decisions = [DecisionRule(t, r) for r in reserves for t in gate_thresholds]
-    gates = [GatePolicy(gate, d, name=f"hvd@{d.threshold:g}/{d.eagle_reserve}") for d in decisions]
+    siblings = default_siblings(model.shape) if siblings is None else tuple(siblings)
+    decisions = [DecisionRule(t, r, s) for s in siblings for r in reserves for t in gate_thresholds]
+    gates = [GatePolicy(gate, d, name=f"hvd@{d.threshold:g}/{d.eagle_reserve}/{d.cache_siblings}") for d in decisions]
     rules = [ScoreRule(c) for c in rule_thresholds]
     base = [Greedy(), Eagle3Only(), CacheOnly(), Oracle(model.eagle3_tokens)]
     result = simulate(records, create_drafter(drafter_name, gate.drafter_config), base + rules + gates, model)
@@ -82,11 +89,11 @@ def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, model: Verify
         return {**extra, "cycles_per_1k": j["cycles_per_1k"], "time_per_1k": costs.time_per_1k(t),
                 "cache_pick_rate": j["cache_pick_rate"], "two_branch_rate": j["two_branch_rate"]}
 
-    gate_curve = [entry(g, threshold=d.threshold, eagle_reserve=d.eagle_reserve, **gate_metrics(g.judged))
-                  for g, d in zip(gates, decisions)]
+    gate_curve = [entry(g, **d.to_json(), **gate_metrics(g.judged)) for g, d in zip(gates, decisions)]
     rule_curve = [entry(r, threshold=c) for r, c in zip(rules, rule_thresholds)]
     best_gate = min(gate_curve, key=lambda e: e["time_per_1k"]) if gate_curve else None
-    best = DecisionRule(best_gate["threshold"], best_gate["eagle_reserve"]) if best_gate else gate.rule
+    best = (DecisionRule(best_gate["threshold"], best_gate["eagle_reserve"], best_gate["cache_siblings"])
+            if best_gate else gate.rule)
     best_rule = min(rule_curve, key=lambda e: e["time_per_1k"]) if rule_curve else {"threshold": 3.0}
     baselines = {p.name: entry(p) for p in base}
     return Sweep(result, gate_curve, rule_curve, best, float(best_rule["threshold"]), baselines)

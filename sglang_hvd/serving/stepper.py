@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..drafter.protocol import Drafter
-from ..policy import DecisionRule, RequestState, RowPlans, decide
+from ..drafter.row_tree import branch, row_arrays, row_path
+from ..policy import MAX_TREE_NODES, DecisionRule, RequestState, RowPlans, decide
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
 from .status import rates
@@ -33,7 +34,8 @@ class _Verify:
     """One row's verify, until the tokens it emitted arrive and say which branch won."""
 
     pos: int
-    cache_draft: tuple[int, ...]  # the cache branch (empty: an EAGLE3 row)
+    cache_draft: tuple[int, ...]  # the cache branch's nodes (empty: an EAGLE3 row)
+    cache_parents: tuple[int, ...]  # their parent links (a chain: -1, 0, 1, ...)
     eagle_nodes: int
     accept_len: int = -1  # -1 until the verify returns
     eagle_row: tuple[int, ...] = ()  # the EAGLE3 chain (topk 1), for the recorded trace
@@ -137,6 +139,8 @@ class HVDStepper:
         start = time.perf_counter()
         states = [self._reqs[r] for r in rids]
         arrays = self.drafter.speculate_arrays(rids)
+        if self.rule.cache_siblings and self.shape.allows_branches and self.shape.draft_nodes <= MAX_TREE_NODES:
+            arrays.update(row_arrays(self.drafter, rids, arrays, self.shape.draft_nodes))
         plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True)
         if plans.gate_error is not None:
             self.stats.gate_errors += 1
@@ -147,8 +151,8 @@ class HVDStepper:
                 self._gate_error_logged = True
         for i, s in enumerate(states):
             cache = int(plans.cache_lens[i])
-            draft = tuple(plans.cache_tokens[i, :cache].tolist()) if cache else ()
-            s.pending = _Verify(len(s.output), draft, int(plans.eagle_nodes[i]))
+            s.pending = _Verify(len(s.output), tuple(plans.cache_tokens[i, :cache].tolist()),
+                                tuple(plans.cache_parents[i, :cache].tolist()), int(plans.eagle_nodes[i]))
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
         self.stats.steps += 1
         return plans
@@ -182,10 +186,12 @@ class HVDStepper:
         if v.cache_draft:
             self.stats.cache_rows += 1
             self.stats.two_branch_rows += v.eagle_nodes > 0
-            cache_won = a == 0 or (emitted[:1] == [v.cache_draft[0]])
-            if cache_won:
+            path = row_path(v.cache_draft, v.cache_parents, emitted)
+            if a == 0 or path:
                 self.stats.cache_accepted += a
-                step = TraceStep(pos=v.pos, src="cache", draft=v.cache_draft, accept_len=min(a, len(v.cache_draft)))
+                # a tree row is recorded as the branch the output took (its LCP with the output is the path)
+                draft = branch(v.cache_draft, v.cache_parents, path)
+                step = TraceStep(pos=v.pos, src="cache", draft=draft, accept_len=min(a, len(draft)))
             else:
                 self.stats.eagle3_branch_wins += 1
                 self.stats.eagle3_accepted += a

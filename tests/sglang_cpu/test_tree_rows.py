@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode  # noqa: E402
 from sglang.srt.speculative.eagle_info import EagleVerifyInput  # noqa: E402
 
-from sglang_hvd.patches.rows import (QLEN_ONLY, FULL_MASK, WideEagleVerifyInput, pack_plans,  # noqa: E402
-                                     rewrite_tree_rows, widen)
+from sglang_hvd.patches.rows import (QLEN_ONLY, FULL_MASK, WideEagleVerifyInput, cache_topology,  # noqa: E402
+                                     pack_plans, rewrite_tree_rows, widen)
 
 from .stubs.hvd_cpu_shims import kernels as K  # noqa: E402
 from .triton_reference import _grow_tree  # noqa: E402
@@ -175,5 +175,67 @@ def test_unknown_mask_layouts_and_wrong_plan_shapes_are_refused():
     vi = build(QLEN_ONLY)
     with pytest.raises(ValueError, match="tree mask mode 2 is not handled"):
         rewrite_tree_rows(vi, plans(), 2)
-    with pytest.raises(ValueError, match=r"expected plans \[3, 9\]"):
+    with pytest.raises(ValueError, match=r"expected plans \[3, 16\]"):
         rewrite_tree_rows(vi, plans()[:2], QLEN_ONLY)
+    bad = tree_plans()
+    bad[1, 2 + (N - 1) + 2] = 2  # cache node 2 names itself as parent
+    with pytest.raises(ValueError, match="row 1: cache node 2's parent 2 is not an earlier node"):
+        rewrite_tree_rows(vi, bad, QLEN_ONLY)
+
+
+# Row 1: a cache tree of 6 nodes, 5 -> 7 -> 8 (the chain), 4 under 5, 9 under the root, 6 under 9:
+# nodes 0:5 1:7 2:8 3:9 4:4 5:6 with parents -1, 0, 1, -1, 0, 3. Row 2: the same tree's first 4
+# nodes beside EAGLE3's first 3.
+TREE_TOKENS = [505, 507, 508, 509, 504, 506]
+TREE_PARENTS = [-1, 0, 1, -1, 0, 3]
+
+
+def tree_plans():
+    tokens = np.full((3, N - 1), -1)
+    parents = np.full((3, N - 1), -1)
+    tokens[1, :6], parents[1, :6] = TREE_TOKENS, TREE_PARENTS
+    tokens[2, :4], parents[2, :4] = TREE_TOKENS[:4], TREE_PARENTS[:4]
+    return pack_plans(np.array([0, 6, 4]), np.array([7, 0, 3]), tokens, parents)
+
+
+def test_cache_topology_of_a_literal_tree():
+    depth, first, sibling, bits = cache_topology(np.array([6]), np.array([TREE_PARENTS + [-1]]))
+    assert depth[0].tolist() == [1, 2, 3, 1, 2, 2, 0]
+    assert first[0].tolist() == [1, 2, -1, 5, -1, -1, -1]
+    assert sibling[0].tolist() == [3, 4, -1, -2, -1, -1, -1]  # 9 is the last under the root: EAGLE3's first child next
+    assert bits[0].tolist() == [0b1, 0b11, 0b111, 0b1000, 0b10001, 0b101000, 0]
+
+
+@pytest.mark.parametrize("mode", [QLEN_ONLY, FULL_MASK])
+def test_a_cache_tree_row_links_and_masks_each_node_under_its_parent(mode):
+    vi, before = build(mode), build(mode)
+    assert rewrite_tree_rows(vi, tree_plans(), mode) == 2
+    root_pos = SEQ_LENS[1]
+    # Row 1: nodes 1..6 hold the tree (M = 0), node 7 unused.
+    assert vi.draft_token[N + 1 : N + 7].tolist() == TREE_TOKENS
+    assert vi.retrieve_next_token[1].tolist() == [1, 2, 3, -1, 6, -1, -1, -1]
+    assert vi.retrieve_next_sibling[1].tolist() == [-1, 4, 5, -1, -1, -1, -1, -1]
+    assert vi.positions[N : 2 * N].tolist() == [root_pos] + [root_pos + d for d in (1, 2, 3, 1, 2, 2)] + [root_pos + 1]
+    rows = mask_block(vi, mode, 1).int().tolist()
+    assert rows[1:] == [[1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0],
+                        [1, 0, 0, 0, 1, 0, 0, 0], [1, 1, 0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 1, 0, 1, 0],
+                        [1, 0, 0, 0, 0, 0, 0, 1]]
+    # Row 2: EAGLE3's nodes 1..3 kept; the tree's 5 -> 7 -> 8 and 9 at nodes 4..7, 9's next sibling EAGLE3's first child.
+    old_first = before.retrieve_next_token[2, 0].item()
+    assert vi.retrieve_next_token[2, 0].item() == 4
+    assert vi.retrieve_next_token[2, 4:].tolist() == [5, 6, -1, -1]
+    assert vi.retrieve_next_sibling[2, 4:].tolist() == [7, -1, -1, old_first if old_first <= 3 else -1]
+
+
+def test_greedy_verify_follows_the_sibling_when_the_first_branch_is_wrong():
+    vi = build(QLEN_ONLY)
+    rewrite_tree_rows(vi, tree_plans(), QLEN_ONLY)
+    widen(vi)
+    target = torch.full((3, N), 7)
+    # Row 1: the output is 5 4 (the chain's 7 is wrong at depth 2, 4 is its sibling) then 9 ...
+    target[1, 0], target[1, 1] = 505, 504
+    # Row 2: the output is 9 (the second branch under the root) then 1.
+    target[2, 0] = 509
+    accepted, accept_index = verify(vi, target)
+    assert accepted[1] == 2 and accept_index[1, :3].tolist() == [N, N + 1, N + 5]
+    assert accepted[2] == 1 and accept_index[2, :2].tolist() == [2 * N, 2 * N + 7]

@@ -1,0 +1,123 @@
+"""The cache row's tree: the chain draft first, then siblings from the tree draft.
+
+A tree draft grown best-first by count probability (DraftTree) spends nodes on siblings
+where the chain was right, so on the dev traces it accepts no more than the chain on
+average (README, tree drafts); it helps where the chain goes wrong early. The row tree
+keeps the whole chain (up to ``max_nodes``) and spends the nodes left on the tree
+draft's other nodes, in the tree's own order (best-first, parents first). Its first k
+nodes are themselves a row tree for any k (a parent's index is below its children's),
+and its first min(len(chain), k) nodes are the chain's: a decision that takes k <=
+len(chain) nodes verifies exactly the chain.
+
+Worked example (max_nodes 5): chain ``5 7 8``; tree tokens ``(5, 9, 7, 4, 8)``, parents
+``(-1, -1, 0, 0, 2)`` (5 and 9 under the root, 7 and 4 under 5, 8 under 7). The tree's
+5, 7, 8 lie on the chain; 9 and 4 do not: the row is tokens ``(5, 7, 8, 9, 4)``, parents
+``(-1, 0, 1, -1, 0)``.
+
+``row_path`` is greedy verification of such a tree against a recorded output: the
+indices of the nodes the output passes through, from the root down. A verify that
+holds the row's first k nodes accepts the leading path indices below k
+(``accepted_within``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .protocol import Draft, DraftTree
+
+
+def row_tree(chain: Draft, tree: DraftTree, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(tokens, parents)`` of the row tree of at most ``max_nodes`` nodes (module docstring)."""
+    cut = min(len(chain.tokens), max_nodes)
+    tokens = list(chain.tokens[:cut])
+    parents = list(range(-1, cut - 1))
+    placed: dict[int, int] = {}  # tree node -> row node
+    depth: list[int] = []
+    on_chain: list[bool] = []
+    for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)):
+        d = 1 if p < 0 else depth[p] + 1
+        chained = (p < 0 or on_chain[p]) and d <= cut and tokens[d - 1] == t
+        depth.append(d)
+        on_chain.append(chained)
+        if chained:
+            placed[i] = d - 1
+        elif len(tokens) < max_nodes and (p < 0 or p in placed):
+            placed[i] = len(tokens)
+            tokens.append(t)
+            parents.append(-1 if p < 0 else placed[p])
+    return tuple(tokens), tuple(parents)
+
+
+def row_path(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], start: int = 0) -> tuple[int, ...]:
+    """The nodes greedy verification passes through when the output is continuation[start:]:
+    from the root, at each depth the child holding the next token (siblings hold distinct
+    tokens), until none does or the output ends."""
+    path: list[int] = []
+    node, n = -1, len(continuation) - start
+    while len(path) < n:
+        want = continuation[start + len(path)]
+        node = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == want), -1)
+        if node < 0:
+            break
+        path.append(node)
+    return tuple(path)
+
+
+def accepted_within(path: Sequence[int], num_nodes: int) -> int:
+    """What a verify of the row's first ``num_nodes`` nodes accepts: the path's nodes among
+    them (indices grow along a path, a parent's below its child's, so they lead it)."""
+    k = 0
+    while k < len(path) and path[k] < num_nodes:
+        k += 1
+    return k
+
+
+def branch(tokens: Sequence[int], parents: Sequence[int], path: Sequence[int]) -> tuple[int, ...]:
+    """The tokens of the root-to-leaf branch through ``path``: its nodes, then each
+    deepest node's first child down to a leaf (an empty path: the first branch, the
+    chain). A branch's LCP with the output is the path's length."""
+    nodes = list(path)
+    node = nodes[-1] if nodes else -1
+    while (child := next((i for i, p in enumerate(parents) if p == node), -1)) >= 0:
+        nodes.append(child)
+        node = child
+    return tuple(tokens[i] for i in nodes)
+
+
+def chain_path(accept_len: int) -> tuple[int, ...]:
+    """The path of a chain row whose draft's LCP with the output is ``accept_len``."""
+    return tuple(range(accept_len))
+
+
+def rows_to_arrays(rows: Sequence[tuple[Sequence[int], Sequence[int]]], width: int) -> dict[str, np.ndarray]:
+    """Row trees ``(tokens, parents)`` as arrays: ``row_tokens`` / ``row_parents``
+    [B, width] (-1 padded) and ``row_lengths`` [B]."""
+    b = len(rows)
+    out = {"row_tokens": np.full((b, width), -1, dtype=np.int32), "row_parents": np.full((b, width), -1, dtype=np.int32),
+           "row_lengths": np.zeros(b, dtype=np.int32)}
+    for i, (tokens, parents) in enumerate(rows):
+        n = len(tokens)
+        out["row_lengths"][i] = n
+        out["row_tokens"][i, :n] = tokens
+        out["row_parents"][i, :n] = parents
+    return out
+
+
+def speculate_row(drafter, req_id: str, chain: Draft, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The request's row tree from its chain draft and a tree draft of twice ``max_nodes``
+    nodes (candidates enough once the chain's nodes are set aside); none without a chain
+    (a row tree extends a chain)."""
+    if not chain.tokens:
+        return (), ()
+    return row_tree(chain, drafter.speculate_tree(req_id, 2 * max_nodes), max_nodes)
+
+
+def row_arrays(drafter, req_ids: Sequence[str], chains: dict[str, np.ndarray], max_nodes: int) -> dict[str, np.ndarray]:
+    """The batch's row trees (speculate_row) as arrays (rows_to_arrays), beside its chain
+    arrays (``speculate_arrays``)."""
+    rows = [speculate_row(drafter, rid, Draft(tokens=tuple(chains["tokens"][i, : chains["lengths"][i]].tolist())), max_nodes)
+            for i, rid in enumerate(req_ids)]
+    return rows_to_arrays(rows, max_nodes)

@@ -1,0 +1,59 @@
+"""The cache row's tree (drafter/row_tree.py): the chain, then the tree draft's siblings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sglang_hvd.drafter import DrafterConfig, create_drafter
+from sglang_hvd.drafter.protocol import Draft, DraftTree
+from sglang_hvd.drafter.row_tree import accepted_within, chain_path, row_arrays, row_path, row_tree
+
+# 5 -> {7 -> 8, 4} and 9 at the root, in best-first order (the module docstring's example)
+TREE = DraftTree(tokens=(5, 9, 7, 4, 8), parents=(-1, -1, 0, 0, 2))
+
+
+def test_the_row_keeps_the_chain_and_adds_the_trees_other_nodes_in_its_order():
+    assert row_tree(Draft(tokens=(5, 7, 8)), TREE, 5) == ((5, 7, 8, 9, 4), (-1, 0, 1, -1, 0))
+    assert row_tree(Draft(tokens=(5, 7, 8)), TREE, 4) == ((5, 7, 8, 9), (-1, 0, 1, -1))
+    assert row_tree(Draft(tokens=(5, 7, 8)), TREE, 2) == ((5, 7), (-1, 0))  # the chain's first nodes only
+    # a chain the tree does not share: every tree node is a sibling branch, parents kept
+    assert row_tree(Draft(tokens=(6,)), TREE, 6) == ((6, 5, 9, 7, 4, 8), (-1, -1, -1, 1, 1, 3))
+    # the chain cut at 1 node: the tree's 7 under 5 is then a new node, its 8 too
+    assert row_tree(Draft(tokens=(5, 7, 8)), TREE, 1 + 4) == ((5, 7, 8, 9, 4), (-1, 0, 1, -1, 0))
+    assert row_tree(Draft(tokens=(5, 9)), TREE, 5) == ((5, 9, 9, 7, 4), (-1, 0, -1, 0, 0))
+    assert row_tree(Draft(), TREE, 3) == ((5, 9, 7), (-1, -1, 0))
+    assert row_tree(Draft(tokens=(5, 7)), DraftTree(), 5) == ((5, 7), (-1, 0))
+
+
+def test_the_path_is_the_nodes_the_output_passes_through():
+    tokens, parents = (5, 7, 8, 9, 4), (-1, 0, 1, -1, 0)
+    assert row_path(tokens, parents, [5, 7, 8, 1]) == (0, 1, 2)
+    assert row_path(tokens, parents, [5, 4, 1]) == (0, 4)  # the chain's second token is wrong, its sibling right
+    assert row_path(tokens, parents, [9, 5]) == (3,)
+    assert row_path(tokens, parents, [0, 5, 7], start=1) == (0, 1)
+    assert row_path(tokens, parents, [5, 7]) == (0, 1)  # never past the recorded output
+    assert row_path(tokens, parents, [8, 5]) == ()  # 8 is a node, but not under the root
+    assert row_path((), (), [5]) == ()
+
+
+def test_a_verify_of_the_first_k_nodes_accepts_the_path_nodes_among_them():
+    assert [accepted_within((0, 4), k) for k in range(6)] == [0, 1, 1, 1, 1, 2]
+    assert [accepted_within((3,), k) for k in range(5)] == [0, 0, 0, 0, 1]
+    assert [accepted_within(chain_path(3), k) for k in range(5)] == [0, 1, 2, 3, 3]
+
+
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_row_arrays_pack_each_rows_tree_and_leave_rows_without_a_chain_empty(impl):
+    drafter = create_drafter(impl, DrafterConfig(max_spec_factor=4.0))
+    # own history 1 2 3 8 | 1 2 3 8 | 1 2 4 7 | 9 1 2: after "1 2" the chain says 3 (2 of 3), the sibling 4
+    drafter.start_request("a", [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2])
+    drafter.start_request("b", [50, 51])
+    chains = drafter.speculate_arrays(["a", "b"])
+    assert chains["tokens"][0, : chains["lengths"][0]].tolist() == [3, 8, 1, 2, 4, 7, 9, 1]
+    rows = row_arrays(drafter, ["a", "b"], chains, 10)
+    # the chain's 8 nodes, then the tree's 4 under the root and its 7
+    assert rows["row_lengths"].tolist() == [10, 0]
+    assert rows["row_tokens"][0].tolist() == [3, 8, 1, 2, 4, 7, 9, 1, 4, 7]
+    assert rows["row_parents"][0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6, -1, 8]
+    assert rows["row_tokens"][1].tolist() == [-1] * 10
