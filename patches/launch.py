@@ -46,16 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(SGLANG_HVD_SCORE_RULE; an A/B baseline)")
     g.add_argument("--hvd-eagle-reserve", type=int, metavar="M",
                    help="EAGLE3 draft nodes kept beside a cache draft in a tree row (SGLANG_HVD_EAGLE_RESERVE; default: the gate's)")
+    g.add_argument("--hvd-cache-siblings", type=int, metavar="S",
+                   help="tree-draft nodes a cache row may add beside its chain, from EAGLE3's share (topk > 1; "
+                        "SGLANG_HVD_CACHE_SIBLINGS; default: the gate's)")
     g.add_argument("--hvd-drafter", choices=("native", "python"),
                    help="cache drafter implementation (SGLANG_HVD_DRAFTER; default: native when built)")
-    g.add_argument("--hvd-max-depth", type=int, metavar="N",
-                   help="suffix tree depth (SGLANG_HVD_MAX_DEPTH; default: the gate's)")
-    g.add_argument("--hvd-max-spec-tokens", type=int, metavar="N",
-                   help="longest cache draft (SGLANG_HVD_MAX_SPEC_TOKENS; default: the gate's)")
-    g.add_argument("--hvd-min-token-prob", type=float, metavar="P",
-                   help="drafter probability floor (SGLANG_HVD_MIN_TOKEN_PROB; default: the gate's)")
     g.add_argument("--hvd-global-max-tokens", type=int, metavar="N",
-                   help="token budget of the cache of earlier responses (SGLANG_HVD_GLOBAL_MAX_TOKENS; default: the gate's)")
+                   help="token budget of the cache of earlier responses (SGLANG_HVD_GLOBAL_MAX_TOKENS; default: the gate's). "
+                        "The settings that shape drafts (depth, draft length, factor, probability floor) are the gate's: "
+                        "a SGLANG_HVD_* value other than the gate's is refused")
     g.add_argument("--hvd-record-traces", metavar="PATH",
                    help="append token traces of served requests to PATH, off the decode path (SGLANG_HVD_RECORD_TRACES)")
     g.add_argument("--hvd-record-queue", type=int, default=4096, metavar="N",
@@ -68,11 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> HVDServingConfig:
     overrides = tuple((name, getattr(args, f"hvd_{name}")) for name in
-                      ("max_depth", "max_spec_tokens", "min_token_prob", "global_max_tokens")
+                      ("global_max_tokens",)
                       if getattr(args, f"hvd_{name}") is not None)
     return HVDServingConfig(
         enable=not args.hvd_disable, gate=args.hvd_gate, threshold=args.hvd_threshold, score_rule=args.hvd_score_rule,
-        eagle_reserve=args.hvd_eagle_reserve, drafter=args.hvd_drafter,
+        eagle_reserve=args.hvd_eagle_reserve, cache_siblings=args.hvd_cache_siblings, drafter=args.hvd_drafter,
         drafter_overrides=overrides, record_traces=args.hvd_record_traces, record_queue=args.hvd_record_queue,
         allow_sglang_version=args.hvd_allow_sglang_version,
     )

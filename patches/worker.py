@@ -77,10 +77,11 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                 log.warning("HVD Prometheus metrics unavailable (%s)", e)
         if self.hvd is not None:
             recorder = self.hvd.recorder
-            log.info("HVD worker active%s: gate %s (digest %s, decision %s, threshold %g, EAGLE3 reserve %d), verify rows "
-                     "of %s, drafter %s, recording %s",
+            log.info("HVD worker active%s: gate %s (digest %s, decision %s, threshold %g, EAGLE3 reserve %d, cache "
+                     "siblings %d), verify rows of %s, drafter %s, recording %s",
                      "" if self._hvd_dp_rank is None else f" (DP rank {self._hvd_dp_rank})", self.hvd_config.gate,
                      self.hvd.gate.digest, self.hvd.gate.decision, self.hvd.threshold, self.hvd.rule.eagle_reserve,
+                     self.hvd.rule.cache_siblings,
                      self.hvd_shape.describe(), self.hvd.drafter.name, recorder.path if recorder else "off")
 
     # -- the step ----------------------------------------------------------------------
@@ -206,7 +207,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         if self.hvd is not None:  # what an operator compares across the replicas of a fleet
             gate = {"gate_digest": self.hvd.gate.digest, "decision": self.hvd.gate.decision,
                     "gate_threshold": self.hvd.rule.threshold,
-                    "gate_eagle_reserve": self.hvd.rule.eagle_reserve, "verify_shape": self.hvd_shape.describe()}
+                    "gate_eagle_reserve": self.hvd.rule.eagle_reserve, "gate_cache_siblings": self.hvd.rule.cache_siblings,
+                    "verify_shape": self.hvd_shape.describe()}
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
                "dp_rank": self._hvd_dp_rank or 0,
                # requests HVD still tracks: 0 on an idle server, or some request leaks

@@ -1,6 +1,9 @@
 """Training data: replay of traces at the verify shape -> feature matrix, labels, conversation ids.
 
-Labels are what a cache chain of the whole row would accept: min(LCP, N-1)."""
+Labels are what a cache chain of the whole row would accept: min(LCP, N-1); with
+``siblings`` S > 0 (serving rows, topk > 1), what the row tree of the chain and up to S
+siblings accepts (drafter/row_tree.py): the payoff of the cache branch the decision
+verifies."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter
+from sglang_hvd.drafter.row_tree import accepted_within
 from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor
 from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.engine import iter_serving
@@ -43,17 +47,21 @@ class _Recorder:
     needs_draft = True
     needs_state = True
 
-    def __init__(self, inner, sink: list):
+    def __init__(self, inner, sink: list, siblings: int = 0):
         self.inner, self.sink, self.name = inner, sink, f"behaviour:{inner.name}"
+        self.siblings = siblings
+        self.needs_rows = siblings > 0
 
     def decide(self, view):
         if view.draft.tokens:
-            self.sink.append((view.state.feature_input(view.draft), view.oracle_accept_len, len(view.draft.tokens)))
+            n = len(view.draft.tokens)
+            label = accepted_within(view.oracle_path, min(n + self.siblings, view.shape.draft_nodes))
+            self.sink.append((view.state.feature_input(view.draft), label, n))
             view.state.record(view.draft.tokens)
         return self.inner.decide(view)
 
 
-def _serving_rows(records, drafter, extractor, model, bar):
+def _serving_rows(records, drafter, extractor, model, bar, siblings=0):
     """Rows at the positions serving walks visit, with the history those walks build.
 
     Behaviour policies: cache_only, eagle3_only (drafting, never verifying drafts), the
@@ -62,7 +70,7 @@ def _serving_rows(records, drafter, extractor, model, bar):
     """
     sink: list = []
     behaviour = [CacheOnly(), Eagle3Only(), ScoreRule(1.5), Oracle(model.eagle3_tokens)]
-    policies = [_Recorder(p, sink) for p in behaviour]
+    policies = [_Recorder(p, sink, siblings) for p in behaviour]
     for record in records:
         for _ in iter_serving([record], drafter, policies, model):
             pass
@@ -80,7 +88,7 @@ def _dense_rows(records, drafter, extractor, model, bar):
 
 def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_config: DrafterConfig,
                   token_flags: np.ndarray, desc: str = "features", rows: str = "dense",
-                  model: VerifyModel | None = None) -> Dataset:
+                  model: VerifyModel | None = None, siblings: int = 0) -> Dataset:
     """Replay ``records`` in order (one shared drafter) and label cache drafts.
 
     rows="dense": every non-empty draft at every output position (the paper's mode).
@@ -88,6 +96,9 @@ def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_con
     """
     if rows not in ROW_MODES:
         raise ValueError(f"rows must be one of {ROW_MODES}, got {rows!r}")
+    if siblings and rows != "serving":
+        raise ValueError("dense rows are labelled with the chain's payoff only: with --rows dense pass --cache-siblings 0 "
+                         "(or use --rows serving, whose labels are the row tree's payoff)")
     extractor = FeatureExtractor(token_flags, drafter_config)
     drafter = create_drafter(drafter_name, drafter_config)
     feats, labels, dlen, convs, sources = [], [], [], [], []
@@ -95,7 +106,7 @@ def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_con
         if rows == "dense":
             stream = _dense_rows(records, drafter, extractor, model or VerifyModel(), bar)
         else:
-            stream = _serving_rows(records, drafter, extractor, model or VerifyModel(), bar)
+            stream = _serving_rows(records, drafter, extractor, model or VerifyModel(), bar, siblings)
         for record, x, y, d in stream:
             feats.append(x)
             labels.append(y)

@@ -18,7 +18,8 @@ from sglang_hvd.policy import DecisionRule
 from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.cost import CostModel
 from sglang_hvd.replay.metrics import HIGH_PAYOFF_ACCEPT_LEN
-from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, default_reserves, default_siblings, sweep
+from sglang_hvd.replay.sweep import (DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, default_cache_siblings,
+                                    default_reserves, sweep)
 from sglang_hvd.trace import TokenizerId, TraceRecord
 
 from .dataset import build_dataset, records_digest
@@ -41,7 +42,7 @@ class TrainOptions:
     costs: CostModel = CostModel()
     threshold: float | None = None  # fixed threshold; None calibrates it
     eagle_reserve: int | None = None  # fixed EAGLE3 reserve; None calibrates it
-    cache_siblings: int | None = None  # fixed cache siblings; None calibrates them
+    cache_siblings: int | None = None  # siblings of a cache row (labels and rule); None: default_cache_siblings
     gate_thresholds: tuple[float, ...] = DEFAULT_GATE_THRESHOLDS
     rule_thresholds: tuple[float, ...] = DEFAULT_RULE_THRESHOLDS
     parity_rows: int = 4096
@@ -60,6 +61,11 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     import torch
 
     t0 = time.perf_counter()
+    # dense rows carry chain labels only: their gates verify chains unless told otherwise (and then refused)
+    default = default_cache_siblings(opts.verify.shape) if opts.rows == "serving" else 0
+    siblings = default if opts.cache_siblings is None else opts.cache_siblings
+    if siblings and not opts.verify.shape.allows_branches:
+        raise ValueError(f"cache siblings need tree rows (topk > 1); the shape is {opts.verify.shape.describe()}")
     side = split_conversations(records, opts.validation_fraction, opts.test_fraction, opts.split_seed, opts.split_by)
     parts = {name: [r for r in records if side[r.conv_id] == name] for name in (TRAIN, VALIDATION, TEST)}
     if not parts[TRAIN] or not parts[VALIDATION]:
@@ -68,9 +74,9 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     log(f"split by {opts.split_by}: {len(parts[TRAIN])} train, {len(parts[VALIDATION])} validation, "
         f"{len(parts[TEST])} held-out test requests")
     train = build_dataset(parts[TRAIN], opts.drafter_name, opts.drafter, token_flags, desc="label train",
-                          rows=opts.rows, model=opts.verify)
+                          rows=opts.rows, model=opts.verify, siblings=siblings)
     val = build_dataset(parts[VALIDATION], opts.drafter_name, opts.drafter, token_flags, desc="label validation",
-                        rows=opts.rows, model=opts.verify)
+                        rows=opts.rows, model=opts.verify, siblings=siblings)
     if len(train) == 0 or len(val) == 0:
         raise ValueError("no cache drafts to learn from (the traces never repeat themselves?)")
     t_label = time.perf_counter()
@@ -86,7 +92,7 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     provenance = {
         "threshold_source": "fixed" if opts.threshold is not None else "calibrated",
         "eagle_reserve_source": "fixed" if opts.eagle_reserve is not None else "calibrated",
-        "cache_siblings_source": "fixed" if opts.cache_siblings is not None else "calibrated",
+        "labels": f"row tree payoff: the chain and up to {siblings} siblings" if siblings else "chain payoff",
         "model": {"hidden": list(opts.model.hidden), "loss": "mse", "epochs": fit.epochs, "best_epoch": fit.best_epoch,
                   "seed": opts.model.seed},
         "training": {"rows_mode": opts.rows, "digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]),
@@ -95,8 +101,7 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
         "sglang_hvd_version": __version__,
     }
     spec = GateSpec(
-        decision=DecisionRule(opts.threshold if opts.threshold is not None else 1.0, opts.eagle_reserve or 0,
-                              opts.cache_siblings or 0),
+        decision=DecisionRule(opts.threshold if opts.threshold is not None else 1.0, opts.eagle_reserve or 0, siblings),
         drafter=opts.drafter, verify=opts.verify, tokenizer=tokenizer, costs=opts.costs,
         split=GateSplit(seed=opts.split_seed, validation_fraction=opts.validation_fraction,
                         test_fraction=opts.test_fraction, group_by=opts.split_by,
@@ -107,15 +112,14 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     gate = Gate.in_memory(spec, token_flags.astype(np.uint16), to_onnx(fit.model).SerializeToString())
     thresholds = (opts.threshold,) if opts.threshold is not None else opts.gate_thresholds
     reserves = (opts.eagle_reserve,) if opts.eagle_reserve is not None else default_reserves(opts.verify.shape)
-    siblings = (opts.cache_siblings,) if opts.cache_siblings is not None else default_siblings(opts.verify.shape)
     cal = sweep(parts[VALIDATION], gate, opts.drafter_name, opts.verify, opts.costs, thresholds, opts.rule_thresholds,
-                reserves, siblings)
+                reserves, (siblings,))
     spec = dataclasses.replace(spec, decision=cal.best, rule_threshold=cal.best_rule_threshold)
     t_cal = time.perf_counter()
     log(f"calibrated on validation replay in {t_cal - t_fit:.0f} s: threshold {cal.best.threshold:g} "
         f"({provenance['threshold_source']}), EAGLE3 reserve {cal.best.eagle_reserve} "
-        f"({provenance['eagle_reserve_source']}), cache siblings {cal.best.cache_siblings} "
-        f"({provenance['cache_siblings_source']}), best rule constant {cal.best_rule_threshold:g}")
+        f"({provenance['eagle_reserve_source']}), cache siblings {cal.best.cache_siblings}, best rule constant "
+        f"{cal.best_rule_threshold:g}")
     rows = val.features[: opts.parity_rows]
     parity = write_gate_dir(out_dir, fit.model, spec, token_flags, rows)
     metrics = {

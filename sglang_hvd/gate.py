@@ -15,6 +15,8 @@ How predictions become row plans: policy.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import math
@@ -24,7 +26,7 @@ import numpy as np
 
 from .features import FEATURE_NAMES, FeatureExtractor
 from .gate_spec import GateError, GateSpec  # noqa: F401  (GateError: what a bad gate raises)
-from .policy import DecisionRule, feature_rows
+from .policy import feature_rows
 
 INPUT_NAME, OUTPUT_NAME = "features", "accept_len"
 
@@ -59,10 +61,11 @@ class Gate(_Served):
     """Predicts accept_len for a batch of feature rows with one onnxruntime call.
 
     ``spec`` (GateSpec) says what it was trained for; ``rule`` is the decision rule it
-    serves with (the spec's, with ``threshold`` / ``eagle_reserve`` when given)."""
+    serves with (the spec's, with ``threshold`` / ``eagle_reserve`` / ``cache_siblings``
+    when given)."""
 
     def __init__(self, gate_dir: str, threshold: float | None = None, intra_op_threads: int = 1,
-                 eagle_reserve: int | None = None):
+                 eagle_reserve: int | None = None, cache_siblings: int | None = None):
         spec = GateSpec.read(gate_dir)
         flags_path = os.path.join(gate_dir, "token_flags.npy")
         try:
@@ -71,7 +74,9 @@ class Gate(_Served):
             raise GateError(f"{flags_path}: unreadable ({e})") from e
         self._setup(spec, token_flags, os.path.join(gate_dir, "gate.onnx"), gate_dir, threshold, intra_op_threads)
         if eagle_reserve is not None:
-            self.rule = DecisionRule(self.rule.threshold, eagle_reserve)
+            self.rule = dataclasses.replace(self.rule, eagle_reserve=eagle_reserve)
+        if cache_siblings is not None:
+            self.rule = dataclasses.replace(self.rule, cache_siblings=cache_siblings)
 
     @classmethod
     def in_memory(cls, spec: GateSpec, token_flags: np.ndarray, model: bytes, threshold: float | None = None) -> Gate:
@@ -85,7 +90,7 @@ class Gate(_Served):
 
         self.gate_dir = where
         self.spec = spec
-        self.rule = spec.decision if threshold is None else DecisionRule(float(threshold), spec.decision.eagle_reserve)
+        self.rule = spec.decision if threshold is None else dataclasses.replace(spec.decision, threshold=float(threshold))
         self.drafter_config = spec.drafter
         self.verify_model = spec.verify
         if token_flags.ndim != 1 or token_flags.dtype != np.uint16:
@@ -156,7 +161,7 @@ class ScoreRuleGate(_Served):
         self.drafter_config = gate.drafter_config
         self.verify_model = gate.verify_model
         self.min_score = float(min_score)
-        self.rule = DecisionRule(math.nextafter(self.min_score, -math.inf), gate.rule.eagle_reserve)
+        self.rule = dataclasses.replace(gate.rule, threshold=math.nextafter(self.min_score, -math.inf))
         self.digest = gate.digest  # the settings it serves with are the gate's
 
     @property

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -154,15 +154,11 @@ def gate_predictions(gate, drafts: dict[str, np.ndarray], states: Sequence[Reque
 
 
 def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
-              eagle_reserve: int | np.ndarray, row_lens: np.ndarray | None = None,
-              cache_siblings: int | np.ndarray = 0) -> tuple[np.ndarray, np.ndarray]:
+              eagle_reserve: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Cache nodes and EAGLE3 nodes per row for the rows that ``use`` their cache draft
-    (``eagle_reserve``, ``cache_siblings``: one for all rows, or one per row; ``row_lens``:
-    the row trees' sizes, None for chains alone)."""
+    (``eagle_reserve``: one for all rows, or one per row)."""
     n = shape.draft_nodes
     reserve = np.minimum(eagle_reserve, n - 1) if shape.allows_branches else 0
-    if row_lens is not None and shape.allows_branches:
-        draft_lens = np.minimum(draft_lens + np.asarray(cache_siblings), row_lens)
     cache = np.where(use, np.minimum(draft_lens, n - reserve), 0).astype(np.int32)
     if shape.allows_branches:
         eagle = (n - cache).astype(np.int32)
@@ -171,8 +167,14 @@ def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
     return cache, eagle
 
 
+RowTrees = Callable[[np.ndarray], dict[str, np.ndarray]]
+"""``trees(rows)``: the row trees (drafter/row_tree.py) of those batch rows, as
+``rows_to_arrays`` packs them; asked only for the rows whose cache branch has room for
+siblings."""
+
+
 def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], shape: VerifyShape,
-           rule: DecisionRule | Sequence[DecisionRule], fallback: bool = False) -> RowPlans:
+           rule: DecisionRule | Sequence[DecisionRule], fallback: bool = False, trees: RowTrees | None = None) -> RowPlans:
     """The row plans of a batch. ``drafts``: a drafter's ``speculate_arrays`` output for
     the rows (protocol.drafts_to_arrays); ``states``: the rows' RequestStates, whose
     histories this records every non-empty draft into (judged or not); ``rule``: one
@@ -208,26 +210,23 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
         n = int(lens[i])
         if n:
             s.record(tuple(drafts["tokens"][i, :n].tolist()))
-    trees = "row_lengths" in drafts and shape.allows_branches
-    cache, eagle = plan_rows(use, lens, shape, reserve, drafts["row_lengths"] if trees else None, siblings)
-    tokens, parents = _cache_nodes(drafts, b, shape.draft_nodes, trees)
+    cache, eagle = plan_rows(use, lens, shape, reserve)
+    n = shape.draft_nodes
+    tokens = np.full((b, n), -1, dtype=np.int32)
+    w = min(n, drafts["tokens"].shape[1])
+    tokens[:, :w] = drafts["tokens"][:, :w]
+    parents = np.broadcast_to(np.arange(-1, n - 1, dtype=np.int32), (b, n)).copy()  # chains
+    if trees is not None and shape.allows_branches and n <= MAX_TREE_NODES:
+        share = n - np.minimum(reserve, n - 1)  # the cache branch's most nodes, per row or for all
+        siblings = np.broadcast_to(siblings, (b,))
+        room = np.flatnonzero(use & (siblings > 0) & (cache < share))
+        if len(room):
+            rows = trees(room)
+            grown = np.minimum(np.minimum(lens[room] + siblings[room], rows["row_lengths"]),
+                               np.broadcast_to(share, (b,))[room]).astype(np.int32)
+            cache[room], eagle[room] = grown, n - grown
+            tokens[room], parents[room] = rows["row_tokens"][:, :n], rows["row_parents"][:, :n]
     return RowPlans(cache, eagle, tokens, parents, predicted, error)
-
-
-def _cache_nodes(drafts: dict[str, np.ndarray], b: int, width: int, trees: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``[B, width]`` tokens and parents of the rows' cache branches: their row trees, or
-    their chains."""
-    tokens = np.full((b, width), -1, dtype=np.int32)
-    parents = np.full((b, width), -1, dtype=np.int32)
-    if trees:
-        w = min(width, drafts["row_tokens"].shape[1])
-        tokens[:, :w] = drafts["row_tokens"][:, :w]
-        parents[:, :w] = drafts["row_parents"][:, :w]
-    else:
-        w = min(width, drafts["tokens"].shape[1])
-        tokens[:, :w] = drafts["tokens"][:, :w]
-        parents[:] = np.arange(-1, width - 1, dtype=np.int32)
-    return tokens, parents
 
 
 def no_decision(b: int, draft_nodes: int) -> RowPlans:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from naive_drafter import NaiveDrafter
 from sglang_hvd.drafter import Draft, Drafter, DrafterConfig, available_drafters, create_drafter
+from sglang_hvd.drafter.row_tree import row_of, speculate_row
 
 DRAFTERS = available_drafters()
 
@@ -216,6 +217,7 @@ def test_tree_drafts_equal_the_naive_reference_and_beat_the_chain(name, reqs, cf
         assert all(parent < i for i, parent in enumerate(got.parents))
         if max_nodes >= config.max_spec_tokens:
             assert got.score >= real.speculate(rid).score - 1e-12
+        assert speculate_row(real, rid, max_nodes) == row_of(naive, rid, max_nodes)  # the cache row's tree
 
     _drive((real, naive), reqs, check)
 
@@ -228,7 +230,7 @@ def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
     rng = np.random.default_rng(5)
     config = DrafterConfig(max_depth=8, max_spec_tokens=6, min_token_prob=0.05, max_occurrences=3, max_scan=5)
     real, naive = create_drafter(name, config), NaiveDrafter(config)
-    branching = compared = 0
+    branching = compared = grafted = 0
     for r in range(40):
         rid, prompt = f"r{r}", rng.integers(0, 4, size=6).tolist()
         for d in (real, naive):
@@ -236,14 +238,17 @@ def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
         for _ in range(8):
             got = real.speculate_tree(rid, 8)
             assert got == naive.speculate_tree(rid, 8)
+            row = speculate_row(real, rid, 8)
+            assert row == row_of(naive, rid, 8)
             compared += 1
             branching += len(set(got.parents)) < len(got.parents)
+            grafted += len(row[0]) > len(real.speculate(rid).tokens)
             chunk = rng.integers(0, 4, size=2).tolist()
             for d in (real, naive):
                 d.append(rid, chunk)
         for d in (real, naive):
             d.finish_request(rid)
-    assert compared == 320 and branching > 200, branching
+    assert compared == 320 and branching > 200 and grafted > 100, (branching, grafted)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)

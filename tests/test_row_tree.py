@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter
 from sglang_hvd.drafter.protocol import Draft, DraftTree
-from sglang_hvd.drafter.row_tree import accepted_within, chain_path, row_arrays, row_path, row_tree
+from sglang_hvd.drafter.row_tree import accepted_within, chain_path, row_path, row_tree
 
 # 5 -> {7 -> 8, 4} and 9 at the root, in best-first order (the module docstring's example)
 TREE = DraftTree(tokens=(5, 9, 7, 4, 8), parents=(-1, -1, 0, 0, 2))
@@ -44,16 +43,16 @@ def test_a_verify_of_the_first_k_nodes_accepts_the_path_nodes_among_them():
 
 
 @pytest.mark.parametrize("impl", ["native", "python"])
-def test_row_arrays_pack_each_rows_tree_and_leave_rows_without_a_chain_empty(impl):
+def test_speculate_rows_pack_each_rows_tree_and_leave_rows_without_a_chain_empty(impl):
     drafter = create_drafter(impl, DrafterConfig(max_spec_factor=4.0))
     # own history 1 2 3 8 | 1 2 3 8 | 1 2 4 7 | 9 1 2: after "1 2" the chain says 3 (2 of 3), the sibling 4
     drafter.start_request("a", [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2])
     drafter.start_request("b", [50, 51])
-    chains = drafter.speculate_arrays(["a", "b"])
-    assert chains["tokens"][0, : chains["lengths"][0]].tolist() == [3, 8, 1, 2, 4, 7, 9, 1]
-    rows = row_arrays(drafter, ["a", "b"], chains, 10)
+    assert drafter.speculate("a").tokens == (3, 8, 1, 2, 4, 7, 9, 1)
+    rows = drafter.speculate_rows(["a", "b"], 10)
     # the chain's 8 nodes, then the tree's 4 under the root and its 7
     assert rows["row_lengths"].tolist() == [10, 0]
     assert rows["row_tokens"][0].tolist() == [3, 8, 1, 2, 4, 7, 9, 1, 4, 7]
     assert rows["row_parents"][0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6, -1, 8]
     assert rows["row_tokens"][1].tolist() == [-1] * 10
+    assert drafter.speculate_rows(["a"], 3)["row_tokens"].tolist() == [[3, 8, 1]]  # the chain fills a short row

@@ -29,15 +29,20 @@ from sglang_hvd.verify import Eagle3Stream, VerifyShape
 
 
 def test_config_round_trips_through_the_environment():
-    cfg = HVDServingConfig(enable=True, gate="/g", threshold=1.5, eagle_reserve=3, drafter="python",
-                           drafter_overrides=(("max_depth", 32), ("min_token_prob", 0.2)), record_traces="/t.jsonl")
+    cfg = HVDServingConfig(enable=True, gate="/g", threshold=1.5, eagle_reserve=3, cache_siblings=4, drafter="python",
+                           drafter_overrides=(("max_depth", 32), ("global_max_tokens", 1000)), record_traces="/t.jsonl")
     env = cfg.to_env()
     assert env["SGLANG_HVD_ENABLE"] == "1" and env["SGLANG_HVD_GATE"] == "/g" and env["SGLANG_HVD_MAX_DEPTH"] == "32"
-    assert env["SGLANG_HVD_EAGLE_RESERVE"] == "3" and "SGLANG_HVD_SCORE_RULE" not in env
+    assert env["SGLANG_HVD_EAGLE_RESERVE"] == "3" and env["SGLANG_HVD_CACHE_SIBLINGS"] == "4"
+    assert "SGLANG_HVD_SCORE_RULE" not in env
     assert HVDServingConfig.from_env(env) == cfg
     rule = HVDServingConfig(enable=True, gate="/g", score_rule=2.5)
     assert rule.to_env()["SGLANG_HVD_SCORE_RULE"] == "2.5" and HVDServingConfig.from_env(rule.to_env()) == rule
-    assert cfg.drafter_config(DrafterConfig()).max_depth == 32
+    # a resource bound may differ from the gate's; what shapes drafts must not
+    assert cfg.drafter_config(DrafterConfig(max_depth=32)).global_max_tokens == 1000
+    with pytest.raises(HvdInputError, match=r"SGLANG_HVD_MAX_DEPTH=32: the gate was trained with max_depth 64, and its "
+                                            r"features describe drafts of those settings; drop SGLANG_HVD_MAX_DEPTH"):
+        cfg.drafter_config(DrafterConfig())
     assert HVDServingConfig.from_env({}) == HVDServingConfig()  # nothing set: HVD off
 
 
@@ -47,6 +52,7 @@ def test_config_round_trips_through_the_environment():
     ({"SGLANG_HVD_THRESHOLD": "high"}, "SGLANG_HVD_THRESHOLD='high' is not a valid float"),
     ({"SGLANG_HVD_MAX_DEPTH": "1.5"}, "SGLANG_HVD_MAX_DEPTH='1.5' is not a valid int"),
     ({"SGLANG_HVD_EAGLE_RESERVE": "-1"}, "SGLANG_HVD_EAGLE_RESERVE must be >= 0, got -1"),
+    ({"SGLANG_HVD_CACHE_SIBLINGS": "-2"}, "SGLANG_HVD_CACHE_SIBLINGS must be >= 0, got -2"),
     ({"SGLANG_HVD_SCORE_RULE": "2", "SGLANG_HVD_THRESHOLD": "1"}, "SGLANG_HVD_SCORE_RULE replaces the gate: set one"),
     ({"SGLANG_HVD_SCORE_RULE": "nan"}, "SGLANG_HVD_SCORE_RULE must be a finite score, got nan"),
 ])
@@ -287,7 +293,8 @@ def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp
     got = {r.req_id: r for r in iter_traces(str(tmp_path / "t.jsonl"))}
     assert [(s.pos, s.src, s.draft, s.accept_len) for s in got["q"].steps] == [(0, "cache", (4, 7), 2)]
     s = st2.summary()
-    assert (s["cache_rows"], s["cache_accepted"], s["eagle3_branch_wins"]) == (1, 2, 0)
+    assert (s["cache_rows"], s["tree_rows"], s["sibling_wins"], s["cache_accepted"], s["eagle3_branch_wins"]) == (1, 1, 1, 2, 0)
+    assert st.summary()["tree_rows"] == 0
 
 
 def test_fleet_serves_turns_in_order_and_drafts_from_what_was_generated_before():

@@ -107,10 +107,11 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
     from sglang_hvd.patches import launch as launch_server
 
     args, rest = launch_server.build_parser().parse_known_args(
-        ["--model-path", "m", "--hvd-gate", "g", "--hvd-threshold", "2.5", "--tp-size", "1", "--hvd-max-depth", "32"])
+        ["--model-path", "m", "--hvd-gate", "g", "--hvd-threshold", "2.5", "--tp-size", "1", "--hvd-global-max-tokens", "9000",
+         "--hvd-cache-siblings", "4"])
     assert rest == ["--model-path", "m", "--tp-size", "1"]
     cfg = launch_server.config_from_args(args)
-    assert (cfg.gate, cfg.threshold, cfg.drafter_overrides) == ("g", 2.5, (("max_depth", 32),))
+    assert (cfg.gate, cfg.threshold, cfg.drafter_overrides, cfg.cache_siblings) == ("g", 2.5, (("global_max_tokens", 9000),), 4)
     args, _ = launch_server.build_parser().parse_known_args(["--hvd-gate", "g", "--hvd-score-rule", "3"])
     assert (launch_server.config_from_args(args).score_rule, launch_server.config_from_args(args).threshold) == (3.0, None)
     assert launch_server.main(BASE_ARGS + ["--hvd-gate", "g", "--hvd-score-rule", "3", "--hvd-threshold", "1"]) == 2
@@ -315,7 +316,8 @@ def test_every_tp_rank_joins_the_broadcast_even_when_rank_0s_step_fails(demo_dir
     vi0 = _verify_input(torch.tensor([5, 11, 12, 13]), 1, 4)
     vi1 = _verify_input(torch.tensor([5, 11, 12, 13]), 1, 4)
     lead.verify(_batch([FakeReq("a", [1, 2], [])], vi0))
-    assert len(RecordingGroup.sent) == 1 and RecordingGroup.sent[0].tolist() == [[0, 3, -1, -1, -1]]  # EAGLE3 everywhere
+    # EAGLE3 everywhere: L 0, M 3, no cache tokens, no parents
+    assert len(RecordingGroup.sent) == 1 and RecordingGroup.sent[0].tolist() == [[0, 3, -1, -1, -1, -1, -1, -1]]
     other.verify(_batch([FakeReq("a", [1, 2], [])], vi1))
     assert RecordingGroup.sent == [] and torch.equal(vi0.draft_token, vi1.draft_token)
     lead.hvd.recorder.close()
@@ -343,7 +345,7 @@ def _tp_rank(rank: int, init_file: str, queue) -> None:
         plans = pack_plans(np.array([2, 0]), np.array([5, 7]), np.array([[9, 8, -1, -1, -1, -1, -1], [-1] * 7]))
         # Step 1: rank 0 planned; step 2: rank 0's HVD step failed (no plans); step 3: planned again.
         for packed in (plans, None, plans):
-            mine = packed if rank == 0 else np.full((2, 9), 123)  # what other ranks hold is ignored
+            mine = packed if rank == 0 else np.full((2, 16), 123)  # what other ranks hold is ignored
             got.append(broadcast_plans(mine, 2, 8, GlooGroup(), rank).tolist())
         queue.put((rank, got))
     finally:
@@ -361,6 +363,7 @@ def test_plans_broadcast_over_a_real_two_process_group_every_step(tmp_path):
     assert [p.exitcode for p in procs] == [0, 0]
     results = dict(queue.get(timeout=5) for _ in procs)
     assert results[0] == results[1]
-    planned = [[2, 5, 9, 8, -1, -1, -1, -1, -1], [0, 7, -1, -1, -1, -1, -1, -1, -1]]
-    eagle3 = [[0, 7, -1, -1, -1, -1, -1, -1, -1]] * 2
+    chain = [-1, 0, 1, 2, 3, 4, 5]  # pack_plans' parents for chains
+    planned = [[2, 5, 9, 8, -1, -1, -1, -1, -1] + chain, [0, 7, -1, -1, -1, -1, -1, -1, -1] + chain]
+    eagle3 = [[0, 7] + [-1] * 14] * 2
     assert results[0] == [planned, eagle3, planned]

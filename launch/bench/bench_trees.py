@@ -5,12 +5,14 @@
 Walks every request of the traces as dense replay does (a draft at every output position,
 requests in file order, each response joining the global cache), and at each position asks
 the native drafter for the chain (``speculate``) and for trees of at most B nodes
-(``speculate_tree``). Prints per source and B: the median and p99 latency of each call (us),
-and the tokens greedy verification would accept per position from a row of B draft
-tokens (chain: its first B tokens, the longest common prefix with the recorded output;
-tree: the deepest node on the recorded output's path; and the better of the two at each
-position, an oracle's choice), over every position and over those where the chain is
-wrong before its B-th token or has none (what a sibling can save). Drafter settings: DrafterConfig's defaults
+(``speculate_tree``) and row trees (``speculate_rows``: the chain, then the tree draft's
+other nodes; what HVD's cache rows verify). Prints per source and B: the median and p99
+latency of each call (us), and the tokens greedy verification would accept per position
+from a row of B draft tokens (chain: its first B tokens, the longest common prefix with the
+recorded output; tree and row tree: the deepest node on the recorded output's path; and the
+better of chain and tree at each position, an oracle's choice), over every position and
+over those where the chain is wrong before its B-th token or has none (what a sibling can
+save). Drafter settings: DrafterConfig's defaults
 (``--max-spec-factor`` to change). Not the served figures: verify cost and the gate are
 not modelled here (see hvd replay for those).
 """
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
 from sglang_hvd.errors import HvdInputError  # noqa: E402
-from sglang_hvd.drafter.row_tree import row_path  # noqa: E402
+from sglang_hvd.drafter.row_tree import row_path, speculate_row  # noqa: E402
 from sglang_hvd.replay.engine import accept_len  # noqa: E402
 from sglang_hvd.report import format_table  # noqa: E402
 from sglang_hvd.trace import iter_traces  # noqa: E402
@@ -56,6 +58,10 @@ def walk(records, config: DrafterConfig, nodes: list[int]) -> dict:
                 tree = drafter.speculate_tree(r.req_id, b)
                 s[f"tree{b}_us"].append((time.perf_counter_ns() - t) / 1e3)
                 s[f"tree{b}"].append(len(row_path(tree.tokens, tree.parents, out, pos)))
+                t = time.perf_counter_ns()
+                row = speculate_row(drafter, r.req_id, b)
+                s[f"row{b}_us"].append((time.perf_counter_ns() - t) / 1e3)
+                s[f"row{b}"].append(len(row_path(*row, out, pos)))
             drafter.append(r.req_id, out[pos : pos + 1])
         drafter.finish_request(r.req_id)
     return stats
@@ -92,8 +98,10 @@ def main(argv=None) -> int:
         for b in nodes:
             short = np.array(s[f"chain{b}_short"])
             chain, tree = np.array(s[f"chain{b}"], dtype=float), np.array(s[f"tree{b}"], dtype=float)
+            row = np.array(s[f"row{b}"], dtype=float)
             for name, us, acc in (("chain", s["chain_us"], chain), ("tree", s[f"tree{b}_us"], tree),
-                                  ("better of the two", None, np.maximum(chain, tree))):
+                                  ("row tree (chain + siblings)", s[f"row{b}_us"], row),
+                                  ("better of chain and tree", None, np.maximum(chain, tree))):
                 rows.append((source, b, name, f"{np.median(us):.1f}" if us else "-",
                              f"{np.percentile(us, 99):.0f}" if us else "-", f"{acc.mean():.3f}",
                              f"{acc[short].mean():.3f}" if short.any() else "-"))

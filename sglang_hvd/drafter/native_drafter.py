@@ -121,6 +121,11 @@ class NativeDrafter:
         tree (0 none, 1 local, 2 global) [B]."""
         return self._core.speculate_batch(np.array([self._running(r) for r in req_ids], dtype=np.int64))
 
+    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> dict[str, np.ndarray]:
+        """The row trees of a batch as arrays (row_tree.py; GIL released): row_tokens /
+        row_parents [B, max_nodes] (-1 padded), row_lengths [B]."""
+        return self._core.speculate_rows(np.array([self._running(r) for r in req_ids], dtype=np.int64), max_nodes)
+
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
         a = self.speculate_arrays(req_ids)
         out = []

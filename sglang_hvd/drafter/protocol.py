@@ -84,6 +84,12 @@ class DrafterConfig:
         return max(0, min(self.max_spec_tokens, by_factor, self.max_depth - match_len))
 
 
+# DrafterConfig fields that bound resources (memory, CPU per step) rather than say what a
+# draft is: a server may set them apart from its gate's. The others shape every draft the
+# gate's features describe, so a server refuses values other than the gate's.
+RESOURCE_BOUNDS = ("global_max_tokens", "max_occurrences", "max_scan")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Draft:
     """A chain draft and what a gate can learn from how it was found.
@@ -200,6 +206,9 @@ class Drafter(Protocol):
     append(req_id, tokens)          tokens the request emitted (accepted + bonus)
     speculate(req_id) -> Draft      a draft for the next tokens of the request
     speculate_arrays(req_ids)       the drafts of a decode batch as arrays (drafts_to_arrays)
+    speculate_tree(req_id, B)       a tree draft of at most B nodes (DraftTree)
+    speculate_rows(req_ids, B)      the batch's row trees of at most B nodes as arrays
+                                    (row_tree.py: the chain, then the tree draft's siblings)
     append_batch(req_ids, tokens)   append for a whole batch in one call
     finish_request(req_id)          drop the request's own tree; its response stays cached
     reset()                         forget everything (SGLang's flush_cache)
@@ -217,6 +226,10 @@ class Drafter(Protocol):
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]: ...
 
     def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    def speculate_tree(self, req_id: str, max_nodes: int) -> DraftTree: ...
+
+    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> dict[str, np.ndarray]: ...
 
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None: ...
 

@@ -106,18 +106,18 @@ def rows_to_arrays(rows: Sequence[tuple[Sequence[int], Sequence[int]]], width: i
     return out
 
 
-def speculate_row(drafter, req_id: str, chain: Draft, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The request's row tree from its chain draft and a tree draft of twice ``max_nodes``
-    nodes (candidates enough once the chain's nodes are set aside); none without a chain
-    (a row tree extends a chain)."""
+def speculate_row(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """One request's row tree through the drafter's own ``speculate_rows`` (replay's call)."""
+    a = drafter.speculate_rows([req_id], max_nodes)
+    n = int(a["row_lengths"][0])
+    return tuple(a["row_tokens"][0, :n].tolist()), tuple(a["row_parents"][0, :n].tolist())
+
+
+def row_of(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The request's row tree from its chain draft and a tree draft of ``max_nodes`` nodes;
+    none without a chain (a row tree extends a chain). The reference for every drafter's
+    ``speculate_rows``."""
+    chain = drafter.speculate(req_id)
     if not chain.tokens:
         return (), ()
-    return row_tree(chain, drafter.speculate_tree(req_id, 2 * max_nodes), max_nodes)
-
-
-def row_arrays(drafter, req_ids: Sequence[str], chains: dict[str, np.ndarray], max_nodes: int) -> dict[str, np.ndarray]:
-    """The batch's row trees (speculate_row) as arrays (rows_to_arrays), beside its chain
-    arrays (``speculate_arrays``)."""
-    rows = [speculate_row(drafter, rid, Draft(tokens=tuple(chains["tokens"][i, : chains["lengths"][i]].tolist())), max_nodes)
-            for i, rid in enumerate(req_ids)]
-    return rows_to_arrays(rows, max_nodes)
+    return row_tree(chain, drafter.speculate_tree(req_id, max_nodes), max_nodes)

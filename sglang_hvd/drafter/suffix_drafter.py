@@ -18,6 +18,7 @@ import numpy as np
 
 from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree, as_token_array, drafts_to_arrays
 from .registry import register_drafter
+from .row_tree import row_of, rows_to_arrays
 from .suffix_match import best_draft, best_tree
 from .token_index import TokenIndex
 
@@ -76,14 +77,17 @@ class SuffixDrafter:
         return own if own.score >= shared.score else shared
 
     def speculate_tree(self, req_id: str, max_nodes: int) -> DraftTree:
-        """A tree draft of at most ``max_nodes`` nodes (the reference semantics; not yet part
-        of the Drafter protocol: the native drafter does not have it)."""
+        """A tree draft of at most ``max_nodes`` nodes (the reference semantics)."""
         local = self._running(req_id)
         end = local.doc_end(0) + 1
         tail = local.arena[max(local.pad, end - self.config.max_depth) : end]
         own = best_tree(local, tail, self.config, LOCAL_TREE, max_nodes)
         shared = best_tree(self._global, tail, self.config, GLOBAL_TREE, max_nodes)
         return own if own.score >= shared.score else shared
+
+    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> dict[str, np.ndarray]:
+        """The row trees of a batch (row_tree.py, whose functions are the reference)."""
+        return rows_to_arrays([row_of(self, r, max_nodes) for r in req_ids], max_nodes)
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
         return [self.speculate(r) for r in req_ids]

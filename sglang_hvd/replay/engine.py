@@ -151,7 +151,7 @@ def iter_serving(
         for pos, draft, label in (_every_position(drafter, record, out_list) if drafting else ()):
             drafts.append(draft)
             labels.append(label)
-            row = speculate_row(drafter, record.req_id, draft, shape.draft_nodes) if trees else no_row
+            row = speculate_row(drafter, record.req_id, shape.draft_nodes) if trees else no_row
             rows.append(row)
             # the nodes the output passes through: a chain's are its first LCP nodes
             paths.append(row_path(*row, out_list, pos) if trees else chain_path(min(label, shape.draft_nodes)))

@@ -187,9 +187,9 @@ class GatePolicy:
     @staticmethod
     def decide_batch(policies: Sequence[GatePolicy], views: Sequence[StepView]) -> list[RowPlan]:
         arrays = drafts_to_arrays([v.draft for v in views], max(max(len(v.draft.tokens) for v in views), 1))
-        if any(v.row[0] for v in views):
-            arrays.update(rows_to_arrays([v.row for v in views], views[0].shape.draft_nodes))
-        plans = decide(policies[0].gate, arrays, [v.state for v in views], views[0].shape, [p.rule for p in policies])
+        shape = views[0].shape
+        plans = decide(policies[0].gate, arrays, [v.state for v in views], shape, [p.rule for p in policies],
+                       trees=lambda rows: rows_to_arrays([views[i].row for i in rows], shape.draft_nodes))
         for k, (policy, view) in enumerate(zip(policies, views)):
             if view.draft.tokens:
                 policy.judged.append((view.source, float(plans.predicted[k]), view.oracle_accept_len))

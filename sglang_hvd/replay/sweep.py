@@ -33,10 +33,10 @@ def default_reserves(shape: VerifyShape) -> tuple[int, ...]:
     return tuple(sorted({0, 1, shape.steps})) if shape.allows_branches else (0,)
 
 
-def default_siblings(shape: VerifyShape) -> tuple[int, ...]:
-    """Cache siblings calibration tries: the chain alone, and 4 tree-draft nodes beside it
-    (topk > 1; on held-out dev tasks 2-6 siblings all gain ~1%, README)."""
-    return (0, 4) if shape.allows_branches else (0,)
+def default_cache_siblings(shape: VerifyShape) -> int:
+    """Tree-draft nodes a cache row may add to its chain: 4 at topk > 1 (on held-out dev
+    tasks 2 to 6 gain alike, README), none at topk 1 (rows are chains there)."""
+    return 4 if shape.allows_branches else 0
 
 
 def gate_metrics(judged: Sequence[tuple[str, float, int]], source: str | None = None) -> dict[str, float]:
@@ -75,7 +75,7 @@ def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, model: Verify
           rule_thresholds: Sequence[float] = DEFAULT_RULE_THRESHOLDS,
           reserves: Sequence[int] | None = None, siblings: Sequence[int] | None = None) -> Sweep:
     reserves = default_reserves(model.shape) if reserves is None else tuple(reserves)
-    siblings = default_siblings(model.shape) if siblings is None else tuple(siblings)
+    siblings = (gate.rule.cache_siblings,) if siblings is None else tuple(siblings)
     decisions = [DecisionRule(t, r, s) for s in siblings for r in reserves for t in gate_thresholds]
     gates = [GatePolicy(gate, d, name=f"hvd@{d.threshold:g}/{d.eagle_reserve}/{d.cache_siblings}") for d in decisions]
     rules = [ScoreRule(c) for c in rule_thresholds]

@@ -25,7 +25,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from ..drafter.protocol import DrafterConfig
+from ..drafter.protocol import RESOURCE_BOUNDS, DrafterConfig
 from ..errors import HvdInputError
 
 PREFIX = "SGLANG_HVD_"
@@ -40,6 +40,7 @@ class HVDServingConfig:
     threshold: float | None = None
     score_rule: float | None = None  # decide by the cache draft's score >= this instead of the gate
     eagle_reserve: int | None = None
+    cache_siblings: int | None = None
     drafter: str | None = None  # None: the fastest built
     drafter_overrides: tuple[tuple[str, float], ...] = ()  # DrafterConfig fields set explicitly
     record_traces: str | None = None
@@ -57,9 +58,19 @@ class HVDServingConfig:
             raise HvdInputError(f"{PREFIX}SCORE_RULE must be a finite score, got {self.score_rule}")
         if self.eagle_reserve is not None and self.eagle_reserve < 0:
             raise HvdInputError(f"{PREFIX}EAGLE_RESERVE must be >= 0, got {self.eagle_reserve}")
+        if self.cache_siblings is not None and self.cache_siblings < 0:
+            raise HvdInputError(f"{PREFIX}CACHE_SIBLINGS must be >= 0, got {self.cache_siblings}")
 
     def drafter_config(self, base: DrafterConfig) -> DrafterConfig:
-        """The gate's drafter settings with any explicit overrides applied."""
+        """The gate's drafter settings (``base``) with any explicit overrides applied. Only
+        resource bounds (protocol.RESOURCE_BOUNDS) may differ from the gate's: the other
+        settings shape the drafts its features describe, so another value is refused."""
+        for k, v in self.drafter_overrides:
+            if k not in RESOURCE_BOUNDS and type(getattr(base, k))(v) != getattr(base, k):
+                raise HvdInputError(
+                    f"{PREFIX}{k.upper()}={v}: the gate was trained with {k} {getattr(base, k)}, and its features "
+                    f"describe drafts of those settings; drop {PREFIX}{k.upper()} (or --hvd-{k.replace('_', '-')}) "
+                    f"or train a gate with it (hvd train ... --{k.replace('_', '-')} {v})")
         try:
             return dataclasses.replace(base, **{k: type(getattr(base, k))(v) for k, v in self.drafter_overrides})
         except ValueError as e:
@@ -68,7 +79,7 @@ class HVDServingConfig:
     def to_env(self) -> dict[str, str]:
         env = {f"{PREFIX}ENABLE": "1" if self.enable else "0"}
         for key, value in (("GATE", self.gate), ("THRESHOLD", self.threshold), ("SCORE_RULE", self.score_rule),
-                           ("EAGLE_RESERVE", self.eagle_reserve),
+                           ("EAGLE_RESERVE", self.eagle_reserve), ("CACHE_SIBLINGS", self.cache_siblings),
                            ("DRAFTER", self.drafter),
                            ("RECORD_TRACES", self.record_traces), ("ALLOW_SGLANG_VERSION", self.allow_sglang_version)):
             if value is not None:
@@ -111,6 +122,7 @@ class HVDServingConfig:
             threshold=number("THRESHOLD", float),
             score_rule=number("SCORE_RULE", float),
             eagle_reserve=number("EAGLE_RESERVE", int),
+            cache_siblings=number("CACHE_SIBLINGS", int),
             drafter=get("DRAFTER"),
             drafter_overrides=tuple(overrides),
             record_traces=get("RECORD_TRACES"),

@@ -15,7 +15,8 @@ from .stepper import HVDStepper
 def load_gate(config: HVDServingConfig) -> Gate | ScoreRuleGate:
     """The configured gate, fully checked (raises GateError with the reason); with
     ``score_rule`` the score rule in its place (its settings and shape are the gate's)."""
-    gate = Gate(config.gate, threshold=config.threshold, eagle_reserve=config.eagle_reserve)
+    gate = Gate(config.gate, threshold=config.threshold, eagle_reserve=config.eagle_reserve,
+                cache_siblings=config.cache_siblings)
     return gate if config.score_rule is None else ScoreRuleGate(gate, config.score_rule)
 
 

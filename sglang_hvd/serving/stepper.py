@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..drafter.protocol import Drafter
-from ..drafter.row_tree import branch, row_arrays, row_path
-from ..policy import MAX_TREE_NODES, DecisionRule, RequestState, RowPlans, decide
+from ..drafter.row_tree import branch, row_path
+from ..policy import DecisionRule, RequestState, RowPlans, decide
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
 from .status import rates
@@ -59,6 +59,8 @@ class StepStats:
     cache_rows: int = 0  # rows with a cache branch (a chain or two branches)
     cache_accepted: int = 0  # cache tokens accepted in them
     two_branch_rows: int = 0  # cache rows that kept EAGLE3 nodes beside the cache branch
+    tree_rows: int = 0  # cache rows whose cache branch is a tree (siblings beside the chain)
+    sibling_wins: int = 0  # tree rows whose accepted path left the chain for a sibling
     eagle3_branch_wins: int = 0  # two-branch rows whose EAGLE3 branch was accepted
     eagle3_rows: int = 0  # rows verifying EAGLE3's draft alone
     eagle3_accepted: int = 0  # EAGLE3 tokens accepted (its rows and its branch wins)
@@ -139,9 +141,11 @@ class HVDStepper:
         start = time.perf_counter()
         states = [self._reqs[r] for r in rids]
         arrays = self.drafter.speculate_arrays(rids)
-        if self.rule.cache_siblings and self.shape.allows_branches and self.shape.draft_nodes <= MAX_TREE_NODES:
-            arrays.update(row_arrays(self.drafter, rids, arrays, self.shape.draft_nodes))
-        plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True)
+
+        def trees(rows: np.ndarray) -> dict[str, np.ndarray]:  # only for cache rows with room for siblings
+            return self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
+
+        plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees)
         if plans.gate_error is not None:
             self.stats.gate_errors += 1
             if not self._gate_error_logged:
@@ -187,6 +191,9 @@ class HVDStepper:
             self.stats.cache_rows += 1
             self.stats.two_branch_rows += v.eagle_nodes > 0
             path = row_path(v.cache_draft, v.cache_parents, emitted)
+            chain = v.cache_parents == tuple(range(-1, len(v.cache_parents) - 1))
+            self.stats.tree_rows += not chain
+            self.stats.sibling_wins += path != tuple(range(len(path)))
             if a == 0 or path:
                 self.stats.cache_accepted += a
                 # a tree row is recorded as the branch the output took (its LCP with the output is the path)
@@ -208,6 +215,7 @@ class HVDStepper:
     def summary(self) -> dict[str, float]:
         s = self.stats
         counts = {"steps": s.steps, "rows": s.rows, "cache_rows": s.cache_rows, "two_branch_rows": s.two_branch_rows,
+                  "tree_rows": s.tree_rows, "sibling_wins": s.sibling_wins,
                   "eagle3_branch_wins": s.eagle3_branch_wins, "cache_accepted": s.cache_accepted,
                   "eagle3_verifies": s.eagle3_rows + s.eagle3_branch_wins, "eagle3_accepted": s.eagle3_accepted,
                   "cpu_us_total": s.cpu_us_total}

@@ -18,6 +18,11 @@ Servers (one at a time, ~40 s to start each):
                      EAGLE3 reserve of 3, on prompts that teach the cache a wrong
                      continuation: two-branch rows whose cache branch fails at its first
                      token and whose EAGLE3 branch is accepted.
+  cycle_tree         the cycle target with HVD and cache siblings (4) (its reference:
+                     cycle_reference, which serves these prompts after its own): prompts
+                     whose cache chain is wrong at its first token while a sibling from
+                     the cache tree draft is right, so a cache tree row is accepted down
+                     its second branch.
 """
 
 from __future__ import annotations
@@ -60,7 +65,23 @@ def _cycle_prompts() -> list[dict]:
     return prompts
 
 
-LLAMA_PROMPTS, CYCLE_PROMPTS = _llama_prompts(), _cycle_prompts()
+def _sibling_prompts() -> list[dict]:
+    """In digits (c_i = CYCLE_TOKENS[i % 10]): c_a follows 4 different tokens in the
+    prompt, 3 times continued by c_{a+4} c_{a+5} (the lure), once by c_{a+1} c_{a+2} (the
+    cycle); the prompt ends in c_{a-1}, found nowhere else. Prefill emits c_a; the first
+    verify's cache draft comes from the one-token pattern c_a (budget 2 tokens): the chain
+    c_{a+4} c_{a+5} (3 of 4) and, with siblings, the tree's c_{a+1} c_{a+2} (1 of 4) under
+    the root: the target's own continuation."""
+    c = lambda i: CYCLE_TOKENS[i % 10]  # noqa: E731
+    prompts = []
+    for a in (4, 7, 11):
+        ids = [c(a - 4), c(a), c(a + 4), c(a + 5), c(a + 3), c(a), c(a + 4), c(a + 5), c(a + 5), c(a), c(a + 4),
+               c(a + 5), c(a - 2), c(a), c(a + 1), c(a + 2), c(a - 1)]
+        prompts.append(dict(input_ids=ids, max_new_tokens=16))
+    return prompts
+
+
+LLAMA_PROMPTS, CYCLE_PROMPTS, SIBLING_PROMPTS = _llama_prompts(), _cycle_prompts(), _sibling_prompts()
 
 
 def _serve(factory, model, prompts, extra_args=(), env=None, rounds=2) -> dict:
@@ -90,8 +111,10 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gates) -> dict:
         "llama_reference": _serve(f, m.llama, LLAMA_PROMPTS, rounds=1),
         "llama_hvd": _serve(f, m.llama, LLAMA_PROMPTS, llama_eagle, _hvd_env(gate, 0)),
         "llama_hvd_full": _serve(f, m.llama, LLAMA_PROMPTS, llama_eagle, _hvd_env(gate, 0, HVD_TEST_TREE_MASK_MODE="full")),
-        "cycle_reference": _serve(f, m.cycle, CYCLE_PROMPTS, rounds=1),
+        "cycle_reference": _serve(f, m.cycle, CYCLE_PROMPTS + SIBLING_PROMPTS, rounds=1),
         "cycle_hvd": _serve(f, m.cycle, CYCLE_PROMPTS, cycle_eagle, _hvd_env(gate, 3)),
+        "cycle_tree": _serve(f, m.cycle, SIBLING_PROMPTS, cycle_eagle, _hvd_env(gate, 0, SGLANG_HVD_CACHE_SIBLINGS="4"),
+                             rounds=1),
     }
 
 
@@ -106,11 +129,14 @@ def _tokens_per_verify(run, round_):
 
 
 @pytest.mark.parametrize("name, reference", [("llama_hvd", "llama_reference"), ("llama_hvd_full", "llama_reference"),
-                                             ("cycle_hvd", "cycle_reference")])
+                                             ("cycle_hvd", "cycle_reference"), ("cycle_tree", "cycle_reference")])
 def test_tree_rows_leave_the_output_unchanged(runs, name, reference):
     want = _tokens(runs[reference], 0)
-    for round_ in (0, 1):
+    if reference == "cycle_reference":  # it served CYCLE_PROMPTS, then SIBLING_PROMPTS
+        want = want[len(CYCLE_PROMPTS):] if name == "cycle_tree" else want[: len(CYCLE_PROMPTS)]
+    for round_ in range(len(runs[name]["rounds"])):
         got = _tokens(runs[name], round_)
+        assert len(got) == len(want)
         for i, (a, b) in enumerate(zip(got, want)):
             assert a == b, f"{name} round {round_} prompt {i} differs at token " \
                            f"{next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), 'length')}; log: {runs[name]['log']}"
@@ -146,3 +172,16 @@ def test_a_wrong_cache_branch_leaves_eagle3s_branch_to_be_accepted(runs):
     # (unless the target's noise leaves the cycle right there).
     assert s["eagle3_branch_wins"] >= 3, s
     assert s["eagle3_mean_accept"] > 0.5, s
+
+
+def test_a_cache_tree_row_is_accepted_down_a_sibling_when_its_chain_is_wrong(runs):
+    c = lambda i: CYCLE_TOKENS[i % 10]  # noqa: E731
+    # the premise: the target continues each prompt with c_a c_{a+1} c_{a+2} (the cycle, not the lure)
+    reference = _tokens(runs["cycle_reference"], 0)[len(CYCLE_PROMPTS):]
+    assert [out[:3] for out in reference] == [[c(a), c(a + 1), c(a + 2)] for a in (4, 7, 11)]
+    s = runs["cycle_tree"]["hvd"]
+    assert s["gate_errors"] == 0 and s["step_errors"] == 0, s
+    assert s["gate_cache_siblings"] == 4 and s["tree_rows"] >= 3, s
+    # every prompt's first verify is won by the sibling branch (all 3 here; 2 allowed, should
+    # another request's response have taught the global cache the cycle first)
+    assert s["sibling_wins"] >= 2, s

@@ -94,6 +94,36 @@ PYBIND11_MODULE(_native, m) {
             }
             return py::make_tuple(tokens, parents, probs, counts, d.score, d.match_len, d.match_count, d.tree);
         })
+        .def("speculate_rows",
+             [](SuffixDrafter& s, I64 reqs, int max_nodes) {
+                 // Row trees of a batch: row_tokens/row_parents [B, max_nodes] (-1 padded), row_lengths [B].
+                 if (max_nodes < 1) throw std::invalid_argument("max_nodes must be >= 1");
+                 auto r = reqs.unchecked<1>();
+                 const py::ssize_t b = r.shape(0);
+                 py::array_t<int32_t> tokens({b, static_cast<py::ssize_t>(max_nodes)});
+                 py::array_t<int32_t> parents({b, static_cast<py::ssize_t>(max_nodes)});
+                 py::array_t<int32_t> lengths(b);
+                 auto T = tokens.mutable_unchecked<2>();
+                 auto P = parents.mutable_unchecked<2>();
+                 auto L = lengths.mutable_unchecked<1>();
+                 {
+                     py::gil_scoped_release nogil;
+                     for (py::ssize_t i = 0; i < b; ++i) {
+                         hvd::RowTree row = s.speculate_row(r(i), max_nodes);
+                         const py::ssize_t n = static_cast<py::ssize_t>(row.tokens.size());
+                         for (py::ssize_t k = 0; k < max_nodes; ++k) {
+                             T(i, k) = k < n ? row.tokens[k] : -1;
+                             P(i, k) = k < n ? row.parents[k] : -1;
+                         }
+                         L(i) = static_cast<int32_t>(n);
+                     }
+                 }
+                 py::dict out;
+                 out["row_tokens"] = tokens;
+                 out["row_parents"] = parents;
+                 out["row_lengths"] = lengths;
+                 return out;
+             })
         .def("speculate_batch",
              [](SuffixDrafter& s, I64 reqs) {
                  // Arrays for a decode batch: tokens/probs/child_counts are [B, max_spec_tokens]

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "suffix_index.hpp"
+#include "row_tree.hpp"
 #include "suffix_search.hpp"
 
 namespace hvd {
@@ -73,6 +74,14 @@ public:
         TreeDraft a = search_.best_tree(own, tail, n, LOCAL, max_nodes);
         TreeDraft b = search_.best_tree(global_, tail, n, GLOBAL, max_nodes);
         return a.score >= b.score ? a : b;
+    }
+
+    // The row tree (row_tree.hpp) from the chain and a tree draft of max_nodes nodes; none
+    // without a chain (a row tree extends a chain).
+    RowTree speculate_row(int64_t req, int max_nodes) {
+        Draft chain = speculate(req);
+        if (chain.tokens.empty()) return RowTree{};
+        return row_tree(chain, speculate_tree(req, max_nodes), max_nodes);
     }
 
     std::vector<int32_t> context(int64_t req) {
