@@ -9,8 +9,9 @@
 # `hvd collect` (temperature 0) and prints wall time, output tokens/s and SGLang's mean
 # accept length with HVD's cache pick rate from /server_info:
 #   eagle3      --hvd-disable (plain SGLang EAGLE3)
-#   cache_only  --hvd-threshold -1 --hvd-eagle-reserve 0 (every non-empty cache draft is
-#               verified; at topk > 1 EAGLE3 keeps the nodes a short cache draft leaves)
+#   cache_only  --hvd-threshold -1 --hvd-eagle-reserve 0 --hvd-cache-siblings 0 (every
+#               non-empty cache draft is verified as a chain; at topk > 1 EAGLE3 keeps the
+#               nodes a short cache draft leaves)
 #   rule        --hvd-score-rule C: a cache row when the cache draft's score >= C
 #               (RULE_SCORE, default the gate's calibrated rule_threshold from gate.json)
 #   hvd         the gate's calibrated threshold
@@ -25,7 +26,7 @@ RULE_SCORE=${RULE_SCORE:-$(python -c 'import json, sys; print(json.load(open(sys
 for mode in eagle3 cache_only rule hvd; do
   case $mode in
     eagle3) extra=(--hvd-disable) ;;
-    cache_only) extra=(--hvd-threshold -1 --hvd-eagle-reserve 0) ;;
+    cache_only) extra=(--hvd-threshold -1 --hvd-eagle-reserve 0 --hvd-cache-siblings 0) ;;
     rule) extra=(--hvd-score-rule "$RULE_SCORE") ;;
     hvd) extra=() ;;
   esac

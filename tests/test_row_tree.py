@@ -6,7 +6,7 @@ import pytest
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter
 from sglang_hvd.drafter.protocol import Draft, DraftTree
-from sglang_hvd.drafter.row_tree import accepted_within, chain_path, row_path, row_tree
+from sglang_hvd.drafter.row_tree import accepted_within, branch, chain_path, is_chain, row_path, row_tree
 
 # 5 -> {7 -> 8, 4} and 9 at the root, in best-first order (the module docstring's example)
 TREE = DraftTree(tokens=(5, 9, 7, 4, 8), parents=(-1, -1, 0, 0, 2))
@@ -34,6 +34,15 @@ def test_the_path_is_the_nodes_the_output_passes_through():
     assert row_path(tokens, parents, [5, 7]) == (0, 1)  # never past the recorded output
     assert row_path(tokens, parents, [8, 5]) == ()  # 8 is a node, but not under the root
     assert row_path((), (), [5]) == ()
+
+
+def test_the_branch_through_a_path_runs_down_first_children_to_a_leaf():
+    tokens, parents = (5, 7, 8, 9, 4, 6), (-1, 0, 1, -1, 0, 3)
+    assert branch(tokens, parents, (0, 4)) == (5, 4)
+    assert branch(tokens, parents, ()) == (5, 7, 8)  # nothing accepted: the first branch, the chain
+    assert branch(tokens, parents, (3,)) == (9, 6)
+    assert branch((5, 7, 8), (-1, 0, 1), (0,)) == (5, 7, 8)  # a chain is its own branch
+    assert is_chain((-1, 0, 1)) and not is_chain(parents) and is_chain(())
 
 
 def test_a_verify_of_the_first_k_nodes_accepts_the_path_nodes_among_them():

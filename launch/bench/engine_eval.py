@@ -21,8 +21,9 @@ Modes:
   greedy       no speculation (cycles = tokens)
   eagle3_only  EAGLE3 alone (the stand-in draft)
   cache_only   HVD with the gate's threshold at -inf: the cache draft whenever the cache
-               drafter has one (at topk > 1 EAGLE3 keeps the nodes it leaves), else
-               EAGLE3's row; replay runs the same decision
+               drafter has one (at topk > 1 EAGLE3 keeps the nodes it leaves, and the
+               chain takes the gate's cache siblings), else EAGLE3's row; replay runs the
+               same decision
   rule         HVD with the score rule in the gate's place (--hvd-score-rule C: a cache row
                when the cache draft's score >= C; C: --rule-score, default the gate's
                calibrated rule_threshold); rows built as the gate's would be
@@ -58,7 +59,6 @@ sys.path.insert(0, REPO)
 from sglang_hvd.drafter import create_drafter  # noqa: E402
 from sglang_hvd.gate import Gate, ScoreRuleGate  # noqa: E402
 from sglang_hvd.replay.acceptance import VerifyModel  # noqa: E402
-from sglang_hvd.policy import DecisionRule  # noqa: E402
 from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy  # noqa: E402
 from sglang_hvd.replay.fleet import conversations_of, serve_fleet  # noqa: E402
 from sglang_hvd.replay.simulate import simulate  # noqa: E402
@@ -177,7 +177,7 @@ def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_confi
         return {"fleet": out, "sequential": out}
     if mode == "rule":
         gate = ScoreRuleGate(gate, rule_score)
-    rule = {"eagle3_only": None, "cache_only": DecisionRule(-math.inf, gate.rule.eagle_reserve) if gate else None,
+    rule = {"eagle3_only": None, "cache_only": dataclasses.replace(gate.rule, threshold=-math.inf) if gate else None,
             "rule": gate.rule if gate else None, "hvd": gate.rule if gate else None}[mode]
     stepper = HVDStepper(create_drafter("native", drafter_config), gate if mode != "eagle3_only" else None,
                          model.shape, rule=rule)

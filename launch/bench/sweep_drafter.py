@@ -4,14 +4,15 @@
         --grid max_spec_factor=1,2,4 [--grid min_token_prob=0.1,0.05] [-- extra hvd train flags]
 
 For every combination of the ``--grid`` values (DrafterConfig fields, e.g.
-max_spec_factor, max_spec_offset, min_token_prob, max_spec_tokens) it runs, in a work
+max_spec_factor, max_spec_offset, min_token_prob, max_spec_tokens, or cache_siblings: the
+tree-draft nodes a cache row adds to its chain) it runs, in a work
 folder: ``hvd train TRACES --split-by task --test-fraction 0.2 --max-spec-factor ...``
 (the gate is retrained and recalibrated for the setting: the verify shape and EAGLE3
 curve are hvd train's defaults unless given after ``--``) and ``hvd eval --held-out``,
 then prints per source, on the held-out tasks: hvd, the best score rule, cache_only,
-eagle3_only and the choose-one oracle, cycles per 1,000 tokens, and the ratio hvd /
-oracle. ``--json PATH`` writes every figure. Takes about 5 minutes per setting on 2 cores
-for all of ../shared/data.
+eagle3_only, the choose-one oracle and (topk > 1) the tree oracle, cycles per 1,000 tokens,
+and the ratios of hvd to the oracles. ``--json PATH`` writes every figure. Takes about 1.5
+minutes per setting on 2 cores for all of ../shared/data.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("traces", nargs="+", help="token trace files (hvd import)")
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer of the traces")
     p.add_argument("--grid", type=_grid, action="append", required=True, metavar="FIELD=V1,V2",
-                   help="a DrafterConfig field and its values (repeat for more fields)")
+                   help="a DrafterConfig field (or cache_siblings) and its values (repeat for more fields)")
     p.add_argument("--work", default="sweep-drafter", metavar="DIR", help="folder for gates and logs (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     args = p.parse_args(argv)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(out) as f:
             ev = json.load(f)
         row = {"setting": setting, "seconds": time.perf_counter() - start, "threshold": ev["threshold"],
-               "eagle_reserve": ev["eagle_reserve"], "sources": {}}
+               "eagle_reserve": ev["eagle_reserve"], "cache_siblings": ev["cache_siblings"], "sources": {}}
         for src in (*SOURCES, "overall"):
             part = ev["overall"] if src == "overall" else ev["sources"].get(src)
             if part is None:
@@ -79,16 +80,19 @@ def main(argv: list[str] | None = None) -> int:
             rules = [v for k, v in pol.items() if k.startswith("rule")]
             row["sources"][src] = {"hvd": pol["hvd"], "best_rule": min(rules) if rules else None,
                                    "cache_only": pol["cache_only"], "eagle3_only": pol["eagle3_only"],
-                                   "oracle": pol["oracle"], "hvd_over_oracle": pol["hvd"] / pol["oracle"]}
+                                   "oracle": pol["oracle"], "hvd_over_oracle": pol["hvd"] / pol["oracle"],
+                                   "tree_oracle": pol.get("tree_oracle", pol["oracle"])}
         results.append(row)
         print(f"{tag}: done in {row['seconds']:.0f} s", file=sys.stderr)
-    print("held-out tasks, verify cycles per 1k tokens (hvd / rule / cache_only / eagle3_only / oracle)")
+    print("held-out tasks, verify cycles per 1k tokens (hvd / rule / cache_only / eagle3_only / oracle / tree oracle)")
     for row in results:
         label = ", ".join(f"{k}={v}" for k, v in row["setting"].items())
-        print(f"\n{label} (threshold {row['threshold']:g}, EAGLE3 reserve {row['eagle_reserve']})")
+        print(f"\n{label} (threshold {row['threshold']:g}, EAGLE3 reserve {row['eagle_reserve']}, "
+              f"cache siblings {row['cache_siblings']})")
         for src, r in row["sources"].items():
             print(f"  {src:12s} {r['hvd']:7.1f} {r['best_rule']:7.1f} {r['cache_only']:7.1f} {r['eagle3_only']:7.1f} "
-                  f"{r['oracle']:7.1f}   hvd/oracle {r['hvd_over_oracle']:.3f}")
+                  f"{r['oracle']:7.1f} {r['tree_oracle']:7.1f}   hvd/oracle {r['hvd_over_oracle']:.3f}, "
+                  f"hvd/tree oracle {r['hvd'] / r['tree_oracle']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

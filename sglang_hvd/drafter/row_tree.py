@@ -55,8 +55,14 @@ def row_path(tokens: Sequence[int], parents: Sequence[int], continuation: Sequen
     """The nodes greedy verification passes through when the output is continuation[start:]:
     from the root, at each depth the child holding the next token (siblings hold distinct
     tokens), until none does or the output ends."""
+    n = len(continuation) - start
+    if is_chain(parents):  # the common case: the longest common prefix
+        k, m = 0, min(len(tokens), n)
+        while k < m and tokens[k] == continuation[start + k]:
+            k += 1
+        return tuple(range(k))
     path: list[int] = []
-    node, n = -1, len(continuation) - start
+    node = -1
     while len(path) < n:
         want = continuation[start + len(path)]
         node = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == want), -1)
@@ -64,6 +70,11 @@ def row_path(tokens: Sequence[int], parents: Sequence[int], continuation: Sequen
             break
         path.append(node)
     return tuple(path)
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    """Each node the child of the one before (the first under the root)."""
+    return all(p == i - 1 for i, p in enumerate(parents))
 
 
 def accepted_within(path: Sequence[int], num_nodes: int) -> int:
@@ -79,6 +90,8 @@ def branch(tokens: Sequence[int], parents: Sequence[int], path: Sequence[int]) -
     """The tokens of the root-to-leaf branch through ``path``: its nodes, then each
     deepest node's first child down to a leaf (an empty path: the first branch, the
     chain). A branch's LCP with the output is the path's length."""
+    if is_chain(parents):
+        return tuple(tokens)
     nodes = list(path)
     node = nodes[-1] if nodes else -1
     while (child := next((i for i, p in enumerate(parents) if p == node), -1)) >= 0:

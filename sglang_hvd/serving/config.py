@@ -9,10 +9,13 @@ variables; ``sglang serve`` and ``sgl.Engine`` users set them directly:
   SGLANG_HVD_THRESHOLD=T              override the gate's threshold
   SGLANG_HVD_SCORE_RULE=C             decide by the score rule (cache draft score >= C), not the gate
   SGLANG_HVD_EAGLE_RESERVE=M          override the EAGLE3 nodes kept beside a cache draft (topk > 1)
+  SGLANG_HVD_CACHE_SIBLINGS=S         override the tree-draft nodes a cache row adds to its chain (topk > 1)
   SGLANG_HVD_DRAFTER=native|python    cache drafter implementation (default: fastest built)
+  SGLANG_HVD_GLOBAL_MAX_TOKENS, _MAX_OCCURRENCES,
+  _MAX_SCAN                           drafter resource bounds (default: the gate's own)
   SGLANG_HVD_MAX_DEPTH, _MAX_SPEC_TOKENS, _MAX_SPEC_FACTOR, _MAX_SPEC_OFFSET,
-  _MIN_TOKEN_PROB, _GLOBAL_MAX_TOKENS,
-  _MAX_OCCURRENCES                    drafter settings (default: the gate's own)
+  _MIN_TOKEN_PROB                     drafter settings that shape drafts: refused unless equal
+                                      to the gate's own (its features describe those drafts)
   SGLANG_HVD_RECORD_TRACES=PATH       write token traces of served requests to PATH
   SGLANG_HVD_RECORD_QUEUE=N           recorder queue bound; beyond it records are dropped (4096)
   SGLANG_HVD_ALLOW_SGLANG_VERSION=V   run on an sglang version other than the tested one

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..drafter.protocol import Drafter
-from ..drafter.row_tree import branch, row_path
+from ..drafter.row_tree import branch, is_chain, row_path
 from ..policy import DecisionRule, RequestState, RowPlans, decide
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
@@ -191,8 +191,7 @@ class HVDStepper:
             self.stats.cache_rows += 1
             self.stats.two_branch_rows += v.eagle_nodes > 0
             path = row_path(v.cache_draft, v.cache_parents, emitted)
-            chain = v.cache_parents == tuple(range(-1, len(v.cache_parents) - 1))
-            self.stats.tree_rows += not chain
+            self.stats.tree_rows += not is_chain(v.cache_parents)
             self.stats.sibling_wins += path != tuple(range(len(path)))
             if a == 0 or path:
                 self.stats.cache_accepted += a
