@@ -185,6 +185,37 @@ def dataclasses_replace(obj, **kw):
     return dataclasses.replace(obj, **kw)
 
 
+def test_decision_rules_carry_cache_siblings_and_older_gates_read_as_chains():
+    from sglang_hvd.gate_spec import GateSpec
+    from sglang_hvd.policy import DecisionRule
+
+    spec = dataclasses_replace(_spec(), decision=DecisionRule(0.5, 1, 4))
+    d = spec.to_json()
+    assert d["decision"] == {"threshold": 0.5, "eagle_reserve": 1, "cache_siblings": 4}
+    assert GateSpec.from_json(json.loads(json.dumps(d))).decision == DecisionRule(0.5, 1, 4)
+    del d["decision"]["cache_siblings"]  # a gate written before row trees
+    assert GateSpec.from_json(d).decision == DecisionRule(0.5, 1, 0)
+
+
+def test_training_labels_are_the_payoff_of_the_row_the_decision_verifies():
+    from sglang_hvd.drafter import DrafterConfig
+    from sglang_hvd.predictor.dataset import build_dataset
+    from sglang_hvd.replay.acceptance import VerifyModel
+    from sglang_hvd.verify import VerifyShape
+
+    # "1 2" continued by 3 8 twice and by 4 7 once; the output takes 4 7 5: the chain (3 8)
+    # accepts nothing, the row tree with siblings (3 8, then 4 7 under the root) accepts 2.
+    r = TraceRecord(req_id="a", conv_id="a", turn=0, source="s", tokenizer=TokenizerId("t", "d"),
+                    prompt_ids=token_array([1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]), output_ids=token_array([4, 7, 5]))
+    model, flags, cfg = VerifyModel(VerifyShape(4, 3, 16)), np.zeros(20, np.uint16), DrafterConfig(max_spec_factor=1.0)
+    chain = build_dataset([r], "python", cfg, flags, rows="serving", model=model)
+    tree = build_dataset([r], "python", cfg, flags, rows="serving", model=model, siblings=4)
+    # the first rows: the four behaviour policies' views of position 0
+    assert chain.accept_len[:4].tolist() == [0, 0, 0, 0] and tree.accept_len[:4].tolist() == [2, 2, 2, 2]
+    with pytest.raises(ValueError, match="with --rows dense pass --cache-siblings 0"):
+        build_dataset([r], "python", cfg, flags, rows="dense", model=model, siblings=4)
+
+
 def test_task_split_keeps_every_trial_of_a_task_on_one_side():
     from sglang_hvd.predictor.split import task_of
 

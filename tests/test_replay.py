@@ -207,3 +207,21 @@ def test_verify_width_caps_what_a_cache_verify_accepts():
     # As in the walk above, but a topk-1 row of 3 nodes checks at most 2 cache tokens.
     assert [(s.pos, s.draft.tokens[:3], s.accept_len, s.out_len) for s in steps] == [
         (0, (), 0, 1), (1, (2,), 1, 2), (3, (4, 5, 6), 2, 3), (6, (7, 8, 0), 2, 3)]
+
+
+def test_row_trees_in_replay_cache_tree_and_the_tree_oracle_follow_a_sibling():
+    # The prompt continues "1 2" with 3 8 twice and 4 7 once; the output takes 4 7 5.
+    prompt = [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]
+    record = rec("a", prompt, [4, 7, 5])
+    policies = make_policies(["cache_only", "cache_tree", "oracle", "tree_oracle"], PolicyOptions(eagle3_tokens=2.1))
+    steps = list(iter_serving([record], create_drafter("python", FACTOR1), policies, VerifyModel(VerifyShape(4, 3, 16))))
+    first = {s.policy: (s.plan.cache_len, s.plan.eagle_nodes, s.out_len) for s in steps if s.pos == 0}
+    assert first == {
+        "cache_only": (2, 0, 1),  # the chain 3 8 (a 2-token match drafts 2): wrong at once, the bonus alone
+        "cache_tree": (4, 0, 3),  # chain + the tree's 4 7 under the root: 4 7 accepted, bonus 5
+        "oracle": (0, 15, 2),  # the chain would yield 1 < 2.1: EAGLE3's row (2 tokens from the curve's stream)
+        "tree_oracle": (4, 0, 3),  # the row tree yields 3 > 2.1
+    }
+    # at topk 1 a row is a chain: the tree policies verify the chain
+    steps = list(iter_serving([record], create_drafter("python", FACTOR1), policies, VerifyModel(VerifyShape(1, 3, 4))))
+    assert [(s.plan.cache_len, s.out_len) for s in steps if s.pos == 0 and s.policy == "cache_tree"] == [(2, 1)]

@@ -63,6 +63,8 @@ def test_plugin_is_found_through_the_entry_point_in_a_spawned_child(demo_dir, en
     (["--pp-size", "2"], "does not support pipeline parallelism"),
     (["--speculative-use-rejection-sampling"], "drop --speculative-use-rejection-sampling"),
     (["--speculative-adaptive"], "drop --speculative-adaptive"),
+    (["--speculative-eagle-topk", "8", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "66"],
+     "--speculative-num-draft-tokens 66: HVD's tree rows hold at most 63 draft nodes"),
 ])
 def test_unsupported_setups_are_refused(extra, message):
     from sglang_hvd.patches.checks import UnsupportedSetup, check_server_args
