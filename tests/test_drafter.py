@@ -16,9 +16,10 @@ DRAFTERS = available_drafters()
 
 @pytest.fixture(params=DRAFTERS)
 def make(request):
-    """A drafter with SuffixDecoding's budget (factor 1: a p-token match drafts at most p
-    tokens) unless the test says otherwise; the literal examples below assume it."""
-    return lambda **cfg: create_drafter(request.param, DrafterConfig(**{"max_spec_factor": 1.0, **cfg}))
+    """A drafter with SuffixDecoding's budget (factor 1, offset 0: a p-token match drafts at
+    most p tokens) unless the test says otherwise; the literal examples below assume it."""
+    return lambda **cfg: create_drafter(request.param, DrafterConfig(**{"max_spec_factor": 1.0, "max_spec_offset": 0.0,
+                                                                        **cfg}))
 
 
 def test_registry_and_protocol():
@@ -228,7 +229,8 @@ def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
     global tree, max_occurrences 3 (narrowing inside the tree): equal trees, and most of
     them branch."""
     rng = np.random.default_rng(5)
-    config = DrafterConfig(max_depth=8, max_spec_tokens=6, min_token_prob=0.05, max_occurrences=3, max_scan=5)
+    config = DrafterConfig(max_depth=8, max_spec_tokens=6, max_spec_factor=2.0, max_spec_offset=0.0, min_token_prob=0.05,
+                           max_occurrences=3, max_scan=5)
     real, naive = create_drafter(name, config), NaiveDrafter(config)
     branching = compared = grafted = 0
     for r in range(40):
@@ -255,7 +257,7 @@ def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
 def test_a_tree_draft_keeps_the_sibling_a_chain_drops(name):
     """The DraftTree docstring's example: after 7 8 the history went on with 9 once and 5
     once; the chain takes 5 (the newer), the tree both, each with what followed it."""
-    d = create_drafter(name, DrafterConfig(max_spec_factor=1.0))
+    d = create_drafter(name, DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0))
     d.start_request("a", [1, 7, 8, 9, 7, 8, 5, 7, 8])
     assert d.speculate("a").tokens == (5, 7)
     t = d.speculate_tree("a", 4)
@@ -317,7 +319,7 @@ def test_a_periodic_history_is_walked_from_its_newest_occurrences(name):
     prompt = [1, 2, 3] * 400 + [1, 2]
     drafts = []
     for k in (1024, 16):
-        d = create_drafter(name, DrafterConfig(max_occurrences=k))
+        d = create_drafter(name, DrafterConfig(max_spec_factor=2.0, max_spec_offset=0.0, max_occurrences=k))
         d.start_request("a", prompt)
         drafts.append(d.speculate("a"))
     full, capped = drafts

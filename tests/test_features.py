@@ -45,7 +45,7 @@ def test_history_worked_example_of_the_docstring():
 
 
 def test_feature_row_literal_values():
-    ex = FeatureExtractor(FLAGS, DrafterConfig(max_spec_factor=1.0))
+    ex = FeatureExtractor(FLAGS, DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0))
     draft = Draft(tokens=(2, 3, 7), probs=(0.5, 0.5, 0.25), child_counts=(4, 4, 2), score=1.25, match_len=5,
                   match_count=8, tree="local")
     row = FeatureInput(draft, pos=9, num_prompt_tokens=91, tail=[0, 1, 4], history=[0.0] * 12)

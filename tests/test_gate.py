@@ -135,7 +135,8 @@ def test_demo_gate_beats_cache_only_and_eagle3_on_held_out_sessions(demo_dir):
     cycles = {name: p["cycles_per_1k"] for name, p in result["overall"]["policies"].items()}
     assert cycles["hvd"] < 0.95 * cycles["cache_only"]
     assert cycles["hvd"] < 0.5 * cycles["eagle3_only"]
-    assert cycles["oracle"] <= cycles["hvd"]
+    # two-branch rows and row trees can beat the choose-one oracle; the gate stays near the tree oracle
+    assert cycles["tree_oracle"] <= cycles["oracle"] and cycles["hvd"] < 1.05 * cycles["tree_oracle"]
     tools = result["sources"]["synth-tools"]["policies"]
     assert tools["hvd"]["cycles_per_1k"] < tools["cache_only"]["cycles_per_1k"]
     spec = json.loads(open(os.path.join(demo_dir, "gate", "gate.json")).read())
@@ -207,7 +208,7 @@ def test_training_labels_are_the_payoff_of_the_row_the_decision_verifies():
     # accepts nothing, the row tree with siblings (3 8, then 4 7 under the root) accepts 2.
     r = TraceRecord(req_id="a", conv_id="a", turn=0, source="s", tokenizer=TokenizerId("t", "d"),
                     prompt_ids=token_array([1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]), output_ids=token_array([4, 7, 5]))
-    model, flags, cfg = VerifyModel(VerifyShape(4, 3, 16)), np.zeros(20, np.uint16), DrafterConfig(max_spec_factor=1.0)
+    model, flags, cfg = VerifyModel(VerifyShape(4, 3, 16)), np.zeros(20, np.uint16), DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)
     chain = build_dataset([r], "python", cfg, flags, rows="serving", model=model)
     tree = build_dataset([r], "python", cfg, flags, rows="serving", model=model, siblings=4)
     # the first rows: the four behaviour policies' views of position 0
@@ -243,7 +244,7 @@ def test_replay_runs_the_hvd_policy_with_a_gate_and_refuses_other_tokenizers(dem
     assert hvd(["replay", traces, "--policies", "hvd"]) == 2
     assert "the hvd policy needs a gate: pass --gate GATE_DIR" in capsys.readouterr().err
     assert hvd(["replay", traces, "--gate", gate, "--policies", "hvd", "--max-spec-factor", "3"]) == 2
-    assert "--max-spec-factor 3.0: the gate was trained with max_spec_factor 2.0; drop --max-spec-factor" in \
+    assert "--max-spec-factor 3.0: the gate was trained with max_spec_factor 1.0; drop --max-spec-factor" in \
         capsys.readouterr().err
     assert hvd(["replay", synth_traces, "--gate", gate, "--policies", "hvd"]) == 2  # another synth tokenizer (seed 7)
     assert "but the gate" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
 
 TOK = TokenizerId("toy", "d")
-FACTOR1 = DrafterConfig(max_spec_factor=1.0)  # SuffixDecoding's budget: a p-token match drafts at most p tokens
+FACTOR1 = DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)  # SuffixDecoding's budget: a p-token match drafts at most p tokens
 
 
 def rec(req_id, prompt, output, source="toy", conv=None):
@@ -160,9 +160,9 @@ def test_regression_cache_only_cycles_on_swe_agent(tmp_path, qwen_dir):
     out = tmp_path / "r.json"
     # A verify wide enough for the longest draft (64 tokens): the drafter's figure uncapped.
     assert hvd(["replay", str(traces), "--policies", "greedy,eagle3_only,cache_only", "--json", str(out), "--max-spec-factor", "1",
-                "--verify-topk", "8", "--verify-steps", "3", "--verify-nodes", "65", "--eagle3-mean", "1.75"]) == 0
+                "--max-spec-offset", "0", "--verify-topk", "8", "--verify-steps", "3", "--verify-nodes", "65", "--eagle3-mean", "1.75"]) == 0
     policies = json.loads(out.read_text())["sources"]["swe-agent"]["policies"]
-    # Measured with the python drafter (depth 64, factor 1, min prob 0.1);
+    # Measured with the python drafter (depth 64, factor 1, offset 0, min prob 0.1);
     # a change of the drafter's semantics moves this figure. Tolerance: 1%.
     assert policies["cache_only"]["cycles_per_1k"] == pytest.approx(416.27, rel=0.01)
     assert policies["greedy"]["cycles_per_1k"] == 1000.0

@@ -53,7 +53,7 @@ def test_a_verify_of_the_first_k_nodes_accepts_the_path_nodes_among_them():
 
 @pytest.mark.parametrize("impl", ["native", "python"])
 def test_speculate_rows_pack_each_rows_tree_and_leave_rows_without_a_chain_empty(impl):
-    drafter = create_drafter(impl, DrafterConfig(max_spec_factor=4.0))
+    drafter = create_drafter(impl, DrafterConfig(max_spec_factor=4.0, max_spec_offset=0.0))
     # own history 1 2 3 8 | 1 2 3 8 | 1 2 4 7 | 9 1 2: after "1 2" the chain says 3 (2 of 3), the sibling 4
     drafter.start_request("a", [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2])
     drafter.start_request("b", [50, 51])

@@ -239,7 +239,7 @@ class Sure:  # a gate that always predicts a long accepted run
 
 def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
-    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0)), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
+    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
                     VerifyShape(2, 3, 8), recorder=rec)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     st.sync("r", prompt, [])
@@ -262,7 +262,7 @@ def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
 
 def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp_path):
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
-    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=4.0)), Sure(FeatureExtractor(np.zeros(60, np.uint16), DrafterConfig())),
+    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=4.0, max_spec_offset=0.0)), Sure(FeatureExtractor(np.zeros(60, np.uint16), DrafterConfig())),
                     VerifyShape(2, 3, 8), rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4), recorder=rec)
     # after "1 2" the chain says 3 8 1 2 (2 of 3 times), the tree draft also 4 7 (1 of 3)
     prompt = [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]
@@ -279,7 +279,7 @@ def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp
     st.sync("r", prompt, [5, 1])
     st.finish("r")
     # a shorter chain: "9 1 2" was seen once, followed by nothing; "1 2" drafts 3 8 1 2 ... and the sibling 4 7
-    st2 = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0)), st.gate, VerifyShape(2, 3, 8),
+    st2 = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)), st.gate, VerifyShape(2, 3, 8),
                      rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4), recorder=rec)
     st2.sync("q", prompt, [])
     plans = st2.decide(["q"])

@@ -32,17 +32,19 @@ GLOBAL_TREE = "global"  # responses of earlier and running requests
 @dataclasses.dataclass(frozen=True, slots=True)
 class DrafterConfig:
     """Cache drafter settings (defaults: the HVD paper's depth, draft cap and probability
-    floor; max_spec_factor 2 chosen behind the gate by launch/bench/sweep_drafter.py, where
-    SuffixDecoding and ArcticInference verify every draft with factor 1)."""
+    floor; max_spec_factor 1 and max_spec_offset 4 chosen behind the gate by
+    launch/bench/sweep_drafter.py on the dev traces, where SuffixDecoding and
+    ArcticInference verify every draft with factor 1, offset 0)."""
 
     max_depth: int = dataclasses.field(default=64, metadata={
         "help": "depth limit of the suffix trees: pattern length + draft length <= max_depth"})
     max_spec_tokens: int = dataclasses.field(default=64, metadata={
         "help": "longest cache draft, in tokens"})
-    max_spec_factor: float = dataclasses.field(default=2.0, metadata={
-        "help": "a p-token match may draft at most max_spec_factor * p + max_spec_offset tokens (SuffixDecoding: 1; "
-                "2 suits a gate that can refuse the long drafts it makes, see launch/bench/sweep_drafter.py)"})
-    max_spec_offset: float = dataclasses.field(default=0.0, metadata={
+    max_spec_factor: float = dataclasses.field(default=1.0, metadata={
+        "help": "a p-token match may draft at most max_spec_factor * p + max_spec_offset tokens (SuffixDecoding: "
+                "factor 1, offset 0; behind a gate, which can refuse the long drafts it makes, offset 4 verifies "
+                "fewer cycles: README, launch/bench/sweep_drafter.py)"})
+    max_spec_offset: float = dataclasses.field(default=4.0, metadata={
         "help": "see max_spec_factor"})
     min_token_prob: float = dataclasses.field(default=0.1, metadata={
         "help": "stop drafting when the path probability of the next token drops below this"})

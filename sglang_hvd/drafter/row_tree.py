@@ -74,7 +74,7 @@ def row_path(tokens: Sequence[int], parents: Sequence[int], continuation: Sequen
 
 def is_chain(parents: Sequence[int]) -> bool:
     """Each node the child of the one before (the first under the root)."""
-    return all(p == i - 1 for i, p in enumerate(parents))
+    return tuple(parents) == tuple(range(-1, len(parents) - 1))
 
 
 def accepted_within(path: Sequence[int], num_nodes: int) -> int:
@@ -128,9 +128,13 @@ def speculate_row(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...]
 
 def row_of(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The request's row tree from its chain draft and a tree draft of ``max_nodes`` nodes;
-    none without a chain (a row tree extends a chain). The reference for every drafter's
-    ``speculate_rows``."""
+    none without a chain (a row tree extends a chain). A certain chain (path probability 1
+    at every token: its pattern was always continued so) is its own row, no tree grown
+    (it saves the tree search on most rows of repetitive text). The reference for every
+    drafter's ``speculate_rows``."""
     chain = drafter.speculate(req_id)
     if not chain.tokens:
         return (), ()
+    if chain.probs[-1] >= 1.0:
+        return row_tree(chain, DraftTree(), max_nodes)
     return row_tree(chain, drafter.speculate_tree(req_id, max_nodes), max_nodes)

@@ -69,9 +69,9 @@ def _sibling_prompts() -> list[dict]:
     """In digits (c_i = CYCLE_TOKENS[i % 10]): c_a follows 4 different tokens in the
     prompt, 3 times continued by c_{a+4} c_{a+5} (the lure), once by c_{a+1} c_{a+2} (the
     cycle); the prompt ends in c_{a-1}, found nowhere else. Prefill emits c_a; the first
-    verify's cache draft comes from the one-token pattern c_a (budget 2 tokens): the chain
-    c_{a+4} c_{a+5} (3 of 4) and, with siblings, the tree's c_{a+1} c_{a+2} (1 of 4) under
-    the root: the target's own continuation."""
+    verify's cache draft comes from the one-token pattern c_a: the chain c_{a+4} c_{a+5} (3
+    of 4) and on (up to the budget of a 1-token match), and, with siblings, the tree's
+    c_{a+1} c_{a+2} (1 of 4) under the root: the target's own continuation."""
     c = lambda i: CYCLE_TOKENS[i % 10]  # noqa: E731
     prompts = []
     for a in (4, 7, 11):
@@ -145,8 +145,8 @@ def test_tree_rows_leave_the_output_unchanged(runs, name, reference):
 @pytest.mark.parametrize("name", ["llama_hvd", "llama_hvd_full"])
 def test_cache_chains_longer_than_eagle3s_steps_are_accepted_whole(runs, name):
     run = runs[name]
-    # Round 2 copies round 1: cache chains are right, and grow with the match (the
-    # drafter's max_spec_factor 1: a p-token match drafts p tokens) up to 7 + the bonus
+    # Round 2 copies round 1: cache chains are right, and grow with the match (a p-token
+    # match drafts up to max_spec_factor * p + max_spec_offset tokens) up to 7 + the bonus
     # per verify. An EAGLE3 tree of 3 steps accepts at most 3 + 1 per verify (the random
     # draft almost never 1): more than that on average needs wide chains.
     assert _tokens_per_verify(run, 1) > STEPS + 1

@@ -77,10 +77,12 @@ public:
     }
 
     // The row tree (row_tree.hpp) from the chain and a tree draft of max_nodes nodes; none
-    // without a chain (a row tree extends a chain).
+    // without a chain (a row tree extends a chain). A certain chain (path probability 1 at
+    // every token) is its own row: no tree is grown for it.
     RowTree speculate_row(int64_t req, int max_nodes) {
         Draft chain = speculate(req);
         if (chain.tokens.empty()) return RowTree{};
+        if (chain.probs.back() >= 1.0) return row_tree(chain, TreeDraft{}, max_nodes);
         return row_tree(chain, speculate_tree(req, max_nodes), max_nodes);
     }
 
