@@ -179,7 +179,8 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
     the rows (protocol.drafts_to_arrays); ``states``: the rows' RequestStates, whose
     histories this records every non-empty draft into (judged or not); ``rule``: one
     for the batch (the server), or one per row (replay deciding for several policies at
-    once).
+    once); ``trees``: where the rule adds cache siblings (topk > 1), the source of row
+    trees, asked only for the cache rows whose chain leaves room in their share.
 
     A gate that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
     and the error is returned in ``gate_error``; without it (replay, training) it
