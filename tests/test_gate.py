@@ -157,6 +157,13 @@ def test_eval_and_train_refuse_bad_inputs(demo_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "the traces were tokenized with hvd-synth-bpe@" in err and "pass the tokenizer used by `hvd import`" in err
     assert not (tmp_path / "g").exists()
+    tok = os.path.join(demo_dir, "tokenizer")
+    # dense rows are labelled with the chain's payoff: siblings are refused with them, and off by default
+    assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "d"), "--rows", "dense", "--cache-siblings", "2"]) == 2
+    assert "with --rows dense pass --cache-siblings 0" in capsys.readouterr().err
+    assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "g1"), "--cache-siblings", "2",
+                "--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "4"]) == 2
+    assert "cache siblings need tree rows (topk > 1); the shape is topk 1, steps 3, 4 nodes" in capsys.readouterr().err
 
 
 def test_eval_plot_and_json(demo_dir, tmp_path):
