@@ -80,13 +80,16 @@ class NaiveDrafter:
                 return
             yield p, occ, p == 1 and not all(i >= 1 and docs[d][i - 1][0] == ctx[-2] for d, i in occ)
 
-    def speculate_tree(self, req_id, max_nodes):
+    def speculate_tree(self, req_id, max_nodes, like=None):
         ctx = self.context(req_id)[-self.config.max_depth :]
+        if like is not None and like.tokens:  # only the set of that chain's tree and match length
+            docs = [self.local[req_id]] if like.tree == LOCAL_TREE else list(self.responses.values())
+            return self._best_tree(docs, ctx, like.tree, max_nodes, only_len=like.match_len)
         own = self._best_tree([self.local[req_id]], ctx, LOCAL_TREE, max_nodes)
         shared = self._best_tree(list(self.responses.values()), ctx, GLOBAL_TREE, max_nodes)
         return own if own.score >= shared.score else shared
 
-    def _best_tree(self, docs, ctx, tree, max_nodes):
+    def _best_tree(self, docs, ctx, tree, max_nodes, only_len=0):
         """Lengths whose occurrence sets are equal (and length 1 with length 2 when every
         occurrence of the last token follows the one before it) share one tree, grown with
         the largest of their budgets (ties: the longer length); its match is the longest of
@@ -104,6 +107,8 @@ class NaiveDrafter:
             else:
                 groups.append([[p], occ, alone])
         for lengths, occ, alone in groups:
+            if only_len and only_len not in lengths:
+                continue
             p = max(lengths, key=lambda q: (budget(q), q))
             limit = budget(p)
             found = []

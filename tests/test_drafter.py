@@ -219,6 +219,8 @@ def test_tree_drafts_equal_the_naive_reference_and_beat_the_chain(name, reqs, cf
         if max_nodes >= config.max_spec_tokens:
             assert got.score >= real.speculate(rid).score - 1e-12
         assert speculate_row(real, rid, max_nodes) == row_of(naive, rid, max_nodes)  # the cache row's tree
+        chain = real.speculate(rid)  # the tree of the chain's own set
+        assert real.speculate_tree(rid, max_nodes, like=chain) == naive.speculate_tree(rid, max_nodes, like=chain)
 
     _drive((real, naive), reqs, check)
 
@@ -250,7 +252,7 @@ def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
                 d.append(rid, chunk)
         for d in (real, naive):
             d.finish_request(rid)
-    assert compared == 320 and branching > 200 and grafted > 100, (branching, grafted)
+    assert compared == 320 and branching > 200 and grafted > 80, (branching, grafted)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)

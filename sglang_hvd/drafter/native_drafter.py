@@ -18,6 +18,7 @@ from .registry import register_drafter
 
 log = logging.getLogger(__name__)
 _TREES = {0: "", 1: LOCAL_TREE, 2: GLOBAL_TREE}
+_TREE_CODES = {name: code for code, name in _TREES.items()}
 
 try:
     from . import _native
@@ -106,10 +107,12 @@ class NativeDrafter:
         return Draft(tokens=tokens, probs=probs, child_counts=counts, score=score, match_len=match_len,
                      match_count=match_count, tree=_TREES[tree])
 
-    def speculate_tree(self, req_id: str, max_nodes: int) -> DraftTree:
-        """A tree draft of at most ``max_nodes`` nodes (DraftTree)."""
+    def speculate_tree(self, req_id: str, max_nodes: int, like: Draft | None = None) -> DraftTree:
+        """A tree draft of at most ``max_nodes`` nodes (DraftTree); ``like``: only from the
+        occurrence set that chain draft was drawn from (its tree and match length)."""
+        only_tree, only_p = (_TREE_CODES[like.tree], like.match_len) if like is not None and like.tokens else (0, 0)
         tokens, parents, probs, counts, score, match_len, match_count, tree = self._core.speculate_tree(
-            self._running(req_id), max_nodes)
+            self._running(req_id), max_nodes, only_tree, only_p)
         if not tokens:
             return DraftTree()
         return DraftTree(tokens=tokens, parents=parents, probs=probs, child_counts=counts, score=score,

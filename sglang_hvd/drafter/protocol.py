@@ -208,7 +208,9 @@ class Drafter(Protocol):
     append(req_id, tokens)          tokens the request emitted (accepted + bonus)
     speculate(req_id) -> Draft      a draft for the next tokens of the request
     speculate_arrays(req_ids)       the drafts of a decode batch as arrays (drafts_to_arrays)
-    speculate_tree(req_id, B)       a tree draft of at most B nodes (DraftTree)
+    speculate_tree(req_id, B[, like])
+                                    a tree draft of at most B nodes (DraftTree); like=chain:
+                                    only from the occurrence set that chain came from
     speculate_rows(req_ids, B)      the batch's row trees of at most B nodes as arrays
                                     (row_tree.py: the chain, then the tree draft's siblings)
     append_batch(req_ids, tokens)   append for a whole batch in one call
@@ -229,7 +231,7 @@ class Drafter(Protocol):
 
     def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]: ...
 
-    def speculate_tree(self, req_id: str, max_nodes: int) -> DraftTree: ...
+    def speculate_tree(self, req_id: str, max_nodes: int, like: Draft | None = None) -> DraftTree: ...
 
     def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> dict[str, np.ndarray]: ...
 

@@ -127,14 +127,14 @@ def speculate_row(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...]
 
 
 def row_of(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The request's row tree from its chain draft and a tree draft of ``max_nodes`` nodes;
-    none without a chain (a row tree extends a chain). A certain chain (path probability 1
-    at every token: its pattern was always continued so) is its own row, no tree grown
-    (it saves the tree search on most rows of repetitive text). The reference for every
-    drafter's ``speculate_rows``."""
+    """The request's row tree from its chain draft and the tree draft of ``max_nodes``
+    nodes grown from the chain's own occurrence set (its siblings, one search instead of
+    one per set); none without a chain (a row tree extends a chain). A certain chain (path
+    probability 1 at every token: its pattern was always continued so) is its own row, no
+    tree grown. The reference for every drafter's ``speculate_rows``."""
     chain = drafter.speculate(req_id)
     if not chain.tokens:
         return (), ()
     if chain.probs[-1] >= 1.0:
         return row_tree(chain, DraftTree(), max_nodes)
-    return row_tree(chain, drafter.speculate_tree(req_id, max_nodes), max_nodes)
+    return row_tree(chain, drafter.speculate_tree(req_id, max_nodes, like=chain), max_nodes)

@@ -76,11 +76,16 @@ class SuffixDrafter:
         shared = best_draft(self._global, tail, self.config, GLOBAL_TREE)
         return own if own.score >= shared.score else shared
 
-    def speculate_tree(self, req_id: str, max_nodes: int) -> DraftTree:
-        """A tree draft of at most ``max_nodes`` nodes (the reference semantics)."""
+    def speculate_tree(self, req_id: str, max_nodes: int, like: Draft | None = None) -> DraftTree:
+        """A tree draft of at most ``max_nodes`` nodes (the reference semantics); ``like``:
+        only from the occurrence set that chain draft was drawn from (its tree and match
+        length)."""
         local = self._running(req_id)
         end = local.doc_end(0) + 1
         tail = local.arena[max(local.pad, end - self.config.max_depth) : end]
+        if like is not None and like.tokens:
+            index = local if like.tree == LOCAL_TREE else self._global
+            return best_tree(index, tail, self.config, like.tree, max_nodes, only_len=like.match_len)
         own = best_tree(local, tail, self.config, LOCAL_TREE, max_nodes)
         shared = best_tree(self._global, tail, self.config, GLOBAL_TREE, max_nodes)
         return own if own.score >= shared.score else shared

@@ -270,13 +270,16 @@ def _grow_tree(index: TokenIndex, ends: np.ndarray, limit: int, max_nodes: int, 
 
 
 def best_tree(index: TokenIndex, context_tail: np.ndarray, config: DrafterConfig, tree: str,
-              max_nodes: int) -> DraftTree:
+              max_nodes: int, only_len: int = 0) -> DraftTree:
     """The best-scoring tree draft of one tree (at most ``max_nodes`` nodes, each path
-    within its pattern's budget); the same sets and tie rules as ``best_draft``."""
+    within its pattern's budget); the same sets and tie rules as ``best_draft``.
+    ``only_len`` > 0: only the set of that pattern length (a chain draft's own set)."""
     best = EMPTY_TREE
     if max_nodes < 1:
         return best
     for p_lo, p_hi, limit, ends, alone, count in _sets(index, context_tail, config):
+        if only_len and not p_lo <= only_len <= p_hi:
+            continue
         if min(limit, max_nodes) <= best.score:  # a level's probabilities sum to <= 1
             continue
         nodes = _grow_tree(index, ends, limit, max_nodes, config.min_token_prob, config.max_occurrences,

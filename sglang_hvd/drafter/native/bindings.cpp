@@ -79,11 +79,11 @@ PYBIND11_MODULE(_native, m) {
             }
             return draft_tuple(d);
         })
-        .def("speculate_tree", [](SuffixDrafter& s, int64_t req, int max_nodes) {
+        .def("speculate_tree", [](SuffixDrafter& s, int64_t req, int max_nodes, int only_tree, int only_p) {
             hvd::TreeDraft d;
             {
                 py::gil_scoped_release nogil;
-                d = s.speculate_tree(req, max_nodes);
+                d = s.speculate_tree(req, max_nodes, only_tree, only_p);
             }
             py::tuple tokens(d.tokens.size()), parents(d.parents.size()), probs(d.probs.size()), counts(d.child_counts.size());
             for (size_t i = 0; i < d.tokens.size(); ++i) {
@@ -93,7 +93,7 @@ PYBIND11_MODULE(_native, m) {
                 counts[i] = py::int_(d.child_counts[i]);
             }
             return py::make_tuple(tokens, parents, probs, counts, d.score, d.match_len, d.match_count, d.tree);
-        })
+        }, py::arg("req"), py::arg("max_nodes"), py::arg("only_tree") = 0, py::arg("only_p") = 0)
         .def("speculate_rows",
              [](SuffixDrafter& s, I64 reqs, int max_nodes) {
                  // Row trees of a batch: row_tokens/row_parents [B, max_nodes] (-1 padded), row_lengths [B].

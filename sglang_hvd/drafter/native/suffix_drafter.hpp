@@ -66,24 +66,28 @@ public:
         return a.score >= b.score ? a : b;
     }
 
-    TreeDraft speculate_tree(int64_t req, int max_nodes) {
+    // The best tree of at most max_nodes nodes; with only_tree (LOCAL or GLOBAL) and only_p,
+    // the tree of that one occurrence set (a chain draft's own: its tree and match length).
+    TreeDraft speculate_tree(int64_t req, int max_nodes, int only_tree = NO_TREE, int only_p = 0) {
         Index& own = running(req);
         const Index::Doc& d = own.doc(0);
         int n = static_cast<int>(std::min<int64_t>(d.len, cfg_.max_depth));
         const int32_t* tail = own.arena() + d.start + d.len - n;
+        if (only_tree == LOCAL) return search_.best_tree(own, tail, n, LOCAL, max_nodes, only_p);
+        if (only_tree == GLOBAL) return search_.best_tree(global_, tail, n, GLOBAL, max_nodes, only_p);
         TreeDraft a = search_.best_tree(own, tail, n, LOCAL, max_nodes);
         TreeDraft b = search_.best_tree(global_, tail, n, GLOBAL, max_nodes);
         return a.score >= b.score ? a : b;
     }
 
-    // The row tree (row_tree.hpp) from the chain and a tree draft of max_nodes nodes; none
-    // without a chain (a row tree extends a chain). A certain chain (path probability 1 at
-    // every token) is its own row: no tree is grown for it.
+    // The row tree (row_tree.hpp) from the chain and the tree draft of the chain's own
+    // occurrence set (max_nodes nodes); none without a chain (a row tree extends a chain). A
+    // certain chain (path probability 1 at every token) is its own row: no tree is grown.
     RowTree speculate_row(int64_t req, int max_nodes) {
         Draft chain = speculate(req);
         if (chain.tokens.empty()) return RowTree{};
         if (chain.probs.back() >= 1.0) return row_tree(chain, TreeDraft{}, max_nodes);
-        return row_tree(chain, speculate_tree(req, max_nodes), max_nodes);
+        return row_tree(chain, speculate_tree(req, max_nodes, chain.tree, chain.match_len), max_nodes);
     }
 
     std::vector<int32_t> context(int64_t req) {

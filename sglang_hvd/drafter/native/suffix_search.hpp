@@ -85,15 +85,16 @@ public:
     // ctx: the context's last min(len, max_depth) tokens.
     Draft best(Index& ix, const int32_t* ctx, int n, int tree) { return search<Draft>(ix, ctx, n, tree, 0); }
 
-    // The best tree of at most max_nodes nodes: the same sets, bounds and tie rules.
-    TreeDraft best_tree(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes) {
+    // The best tree of at most max_nodes nodes: the same sets, bounds and tie rules;
+    // only_p > 0: only from the set of the pattern length only_p (a chain's own set).
+    TreeDraft best_tree(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes, int only_p = 0) {
         if (max_nodes < 1) return TreeDraft();
-        return search<TreeDraft>(ix, ctx, n, tree, max_nodes);
+        return search<TreeDraft>(ix, ctx, n, tree, max_nodes, only_p);
     }
 
 private:
     template <class Out>
-    Out search(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes) {
+    Out search(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes, int only_p = 0) {
         constexpr bool kTree = std::is_same_v<Out, TreeDraft>;
         // No draft of a set can score more than its depth budget (nor, for a tree, its
         // node budget: a level's path probabilities sum to at most 1).
@@ -145,6 +146,7 @@ private:
                 size_t set_size = j;
                 i = j;
                 if (p_lo > p_hi) continue;  // (only when max_p < 2)
+                if (only_p > 0 && (only_p < p_lo || only_p > p_hi)) continue;
                 int p = best_length(p_lo, p_hi);
                 int limit = budgets_[p];
                 if (bound(limit) <= best.score) continue;
@@ -166,7 +168,7 @@ private:
                 consider(d, walked, p_lo, p_hi, tree, best);
             }
         }
-        if (!merged) {
+        if (!merged && (only_p == 0 || only_p == 1)) {
             // The one-token pattern: its own set E1 (all occurrences of the last token).
             int limit = budgets_[1];
             if (bound(limit) > best.score) {
