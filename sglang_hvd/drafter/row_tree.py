@@ -51,16 +51,23 @@ def row_tree(chain: Draft, tree: DraftTree, max_nodes: int) -> tuple[tuple[int, 
     return tuple(tokens), tuple(parents)
 
 
+def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: int = 0) -> int:
+    """Longest common prefix of a chain draft and the true continuation[start:] (greedy
+    verify of a chain; replay.engine re-exports it)."""
+    n = min(len(draft_tokens), len(continuation) - start)
+    k = 0
+    while k < n and draft_tokens[k] == continuation[start + k]:
+        k += 1
+    return k
+
+
 def row_path(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], start: int = 0) -> tuple[int, ...]:
     """The nodes greedy verification passes through when the output is continuation[start:]:
     from the root, at each depth the child holding the next token (siblings hold distinct
     tokens), until none does or the output ends."""
-    n = len(continuation) - start
     if is_chain(parents):  # the common case: the longest common prefix
-        k, m = 0, min(len(tokens), n)
-        while k < m and tokens[k] == continuation[start + k]:
-            k += 1
-        return tuple(range(k))
+        return tuple(range(accept_len(tokens, continuation, start)))
+    n = len(continuation) - start
     path: list[int] = []
     node = -1
     while len(path) < n:

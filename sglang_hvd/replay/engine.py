@@ -26,21 +26,12 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
-from ..drafter.row_tree import accepted_within, chain_path, row_path, speculate_row
+from ..drafter.row_tree import accept_len, accepted_within, chain_path, row_path, speculate_row
 from ..policy import RequestState, RowPlan
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream
 from .acceptance import VerifyModel
 from .policies import GREEDY_ROW, Policy, StepView
-
-
-def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: int = 0) -> int:
-    """Longest common prefix of a draft and the true continuation[start:] (greedy verify)."""
-    n = min(len(draft_tokens), len(continuation) - start)
-    k = 0
-    while k < n and draft_tokens[k] == continuation[start + k]:
-        k += 1
-    return k
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
