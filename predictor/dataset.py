@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sglang_hvd import policy
 from sglang_hvd.drafter import DrafterConfig, create_drafter
 from sglang_hvd.drafter.row_tree import accepted_within
 from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor
@@ -55,8 +56,9 @@ class _Recorder:
     def decide(self, view):
         if view.draft.tokens:
             n = len(view.draft.tokens)
-            label = accepted_within(view.oracle_path, min(n + self.siblings, view.shape.draft_nodes))
-            self.sink.append((view.state.feature_input(view.draft), label, n))
+            described = policy.described(n, self.siblings, view.shape.draft_nodes)
+            self.sink.append((view.state.feature_input(view.draft, view.row.head(described)),
+                              accepted_within(view.oracle_path, described), n))
             view.state.record(view.draft.tokens)
         return self.inner.decide(view)
 

@@ -14,6 +14,17 @@ Groups (FEATURE_NAMES lists them in order):
              share of the last 16 drafts that broke on their first token
   tokens     structure flags (token_flags.py) of the first draft token, mean flags over
              the draft, mean flags over the last 8 context tokens
+  tree       the cache row's siblings (drafter/row_tree.py: the row tree's nodes off the
+             chain, among the first min(len(chain) + S, N-1) nodes the decision would
+             verify with S cache siblings; none with S = 0 or at topk 1): how many, the sum
+             of their path probabilities, the part of it under the root (alternatives to
+             the first token), the best one's, and the chain nodes they branch from.
+             The chain's own path probability is ``last_prob``; the row's score is
+             ``score + tree_sibling_mass``.
+
+Worked example (tree): chain ``5 7 8`` (path probs .5 .375 .25), S = 2, row ``5 7 8 9 4``
+with parents ``-1 0 1 -1 0`` and probs ``... .25 .125``: siblings 2, mass .375, under the
+root .25, best .25, branch points 2 (the root and node 0).
 
 No label leakage: every history value at position p is computed from tokens before p.
 A draft made at q < p is compared only with output[q:p]; its ``confirmed`` count is
@@ -40,9 +51,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from .drafter.protocol import LOCAL_TREE, Draft, DrafterConfig
+from .drafter.row_tree import EMPTY_ROW, RowTree, rows_to_arrays
 from .token_flags import FLAG_NAMES, unpack
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2  # 2: the tree group
 HISTORY_K = 4  # earlier drafts shown one by one
 MISS_WINDOW = 16  # drafts over which the first-token miss rate is taken
 TAIL_TOKENS = 8  # context tokens whose flags are averaged
@@ -57,8 +69,10 @@ FEATURE_NAMES: tuple[str, ...] = (
     *(f"first_tok_{f}" for f in FLAG_NAMES),
     *(f"draft_{f}" for f in FLAG_NAMES),
     *(f"tail_{f}" for f in FLAG_NAMES),
+    "tree_siblings", "tree_sibling_mass", "tree_root_alt_mass", "tree_best_sibling_prob", "tree_branch_points",
 )
 _NUM_SCALAR = 14 + 2 * HISTORY_K + 4
+_NUM_TREE = 5
 
 
 class _Entry:
@@ -142,6 +156,7 @@ class FeatureInput:
     num_prompt_tokens: int
     tail: Sequence[int]  # the last TAIL_TOKENS context tokens (fewer at the very start)
     history: Sequence[float]  # RequestHistory.scalars() taken BEFORE this draft is recorded
+    row: RowTree = EMPTY_ROW  # the cache row's first min(len(chain) + S, N-1) nodes (empty: a chain row)
 
 
 class FeatureExtractor:
@@ -179,16 +194,23 @@ class FeatureExtractor:
         tails = [r.tail[-TAIL_TOKENS:] if len(r.tail) > TAIL_TOKENS else r.tail for r in rows]
         tail_lens = np.fromiter(map(len, tails), dtype=np.int64, count=b)
         tail_ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in tails]) if tail_lens.any() else np.zeros(0, np.int64)
-        return self._compute(raw, history, ids, lens, tail_ids, tail_lens)
+        out = self._compute(raw, history, ids, lens, tail_ids, tail_lens)
+        if any(r.row.tokens for r in rows):
+            trees = rows_to_arrays([r.row for r in rows], max(len(r.row) for r in rows))
+            out[:, -_NUM_TREE:] = tree_features(trees, lens, trees["row_lengths"])
+        return out
 
     def from_arrays(self, drafts: dict[str, np.ndarray], pos: np.ndarray, num_prompt_tokens: np.ndarray,
-                    history: np.ndarray, tails: np.ndarray, tail_lens: np.ndarray) -> np.ndarray:
+                    history: np.ndarray, tails: np.ndarray, tail_lens: np.ndarray,
+                    rows: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Features of a decode batch from a drafter's array output (serving).
 
         drafts: ``speculate_arrays`` output (tokens/probs/child_counts [B, W] padded,
         lengths, match_len, match_count, score, tree [B]); pos, num_prompt_tokens [B];
         history [B, H] (RequestHistory.scalars rows); tails [B, TAIL_TOKENS] with the
-        last ``tail_lens[i]`` context tokens of row i left-aligned.
+        last ``tail_lens[i]`` context tokens of row i left-aligned; rows: the batch's row
+        trees (``speculate_rows`` arrays) cut at the nodes the decision would verify
+        (``row_lengths``; None: chain rows, no siblings).
         """
         lens = drafts["lengths"].astype(np.int64)
         b = len(lens)
@@ -200,7 +222,10 @@ class FeatureExtractor:
         ], axis=1).astype(np.float64)
         ids = drafts["tokens"][np.arange(drafts["tokens"].shape[1])[None, :] < lens[:, None]].astype(np.int64)
         tail_ids = tails[np.arange(tails.shape[1])[None, :] < tail_lens[:, None]].astype(np.int64)
-        return self._compute(raw, np.asarray(history, dtype=np.float32), ids, lens, tail_ids, tail_lens.astype(np.int64))
+        out = self._compute(raw, np.asarray(history, dtype=np.float32), ids, lens, tail_ids, tail_lens.astype(np.int64))
+        if rows is not None:
+            out[:, -_NUM_TREE:] = tree_features(rows, lens, rows["row_lengths"])
+        return out
 
     def _compute(self, raw: np.ndarray, history: np.ndarray, ids: np.ndarray, lens: np.ndarray,
                  tail_ids: np.ndarray, tail_lens: np.ndarray) -> np.ndarray:
@@ -235,3 +260,22 @@ class FeatureExtractor:
             tstarts = np.concatenate([[0], np.cumsum(tail_lens)[:-1]])
             out[has_tail, col + 2 * nf : col + 3 * nf] = np.add.reduceat(tbits, tstarts[has_tail], axis=0) / tail_lens[has_tail, None]
         return out
+
+
+def tree_features(rows: dict[str, np.ndarray], chain_lens: np.ndarray, num_nodes: np.ndarray) -> np.ndarray:
+    """The tree group ``[B, 5]`` of row trees (``rows_to_arrays`` arrays) whose first
+    ``num_nodes[i]`` nodes row i verifies; its siblings are those past its chain
+    (``chain_lens``, cut at the row)."""
+    parents, probs = rows["row_parents"], rows["row_probs"]
+    b, w = parents.shape
+    col = np.arange(w)[None, :]
+    limit = np.minimum(np.asarray(num_nodes, dtype=np.int64), w)[:, None]
+    chain = np.minimum(np.asarray(chain_lens, dtype=np.int64)[:, None], limit)
+    sib = (col >= chain) & (col < limit)
+    mass = np.where(sib, probs, 0.0)
+    from_chain = sib & (parents < chain)  # siblings whose parent is the root or a chain node
+    points = np.zeros((b, w + 1), dtype=bool)
+    r, c = np.nonzero(from_chain)
+    points[r, parents[r, c] + 1] = True
+    return np.stack([sib.sum(1), mass.sum(1), np.where(parents < 0, mass, 0.0).sum(1), mass.max(1, initial=0.0),
+                     points.sum(1)], axis=1).astype(np.float32)

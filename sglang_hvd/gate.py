@@ -127,11 +127,14 @@ class Gate(_Served):
         """``[batch, F]`` float32 -> predicted accept_len ``[batch]``."""
         return self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)})[0].reshape(-1)
 
-    def predict_rows(self, drafts: dict[str, np.ndarray], states) -> np.ndarray:
+    reads_rows = True  # its tree features describe each drafted row's tree (policy.decide grows them first)
+
+    def predict_rows(self, drafts: dict[str, np.ndarray], states, rows: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """The value ``policy.decide`` compares with the rule's threshold, per row: the
         predicted accept_len of each cache draft (``drafts``: speculate_arrays output,
-        ``states``: the rows' RequestStates)."""
-        return self.predict(feature_rows(self.extractor, drafts, states))
+        ``states``: the rows' RequestStates, ``rows``: their row trees cut at the nodes
+        described, None: chain rows)."""
+        return self.predict(feature_rows(self.extractor, drafts, states, rows))
 
 
 class ScoreRuleGate(_Served):
@@ -168,5 +171,7 @@ class ScoreRuleGate(_Served):
     def decision(self) -> str:
         return f"score >= {self.min_score:g}"
 
-    def predict_rows(self, drafts: dict[str, np.ndarray], states) -> np.ndarray:
+    reads_rows = False  # the chain's score alone
+
+    def predict_rows(self, drafts: dict[str, np.ndarray], states, rows: dict[str, np.ndarray] | None = None) -> np.ndarray:
         return np.asarray(drafts["score"], dtype=np.float64)

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .drafter.protocol import Draft
+from .drafter.row_tree import EMPTY_ROW, RowTree
 from .features import TAIL_TOKENS, FeatureInput, RequestHistory
 from .verify import VerifyShape
 
@@ -121,15 +122,24 @@ class RequestState:
     def record(self, draft_tokens: tuple[int, ...]) -> None:
         self.history.record(self.pos, draft_tokens)
 
-    def feature_input(self, draft: Draft) -> FeatureInput:
+    def feature_input(self, draft: Draft, row: RowTree = EMPTY_ROW) -> FeatureInput:
         """This state as one Draft-object feature row (training and benchmarks; the
-        serving path builds the same features from arrays, ``feature_rows``)."""
-        return FeatureInput(draft, self.pos, self.num_prompt_tokens, tuple(self.tail), self.history.scalars())
+        serving path builds the same features from arrays, ``feature_rows``). ``row``:
+        the nodes of the draft's row tree the decision would verify (``described``)."""
+        return FeatureInput(draft, self.pos, self.num_prompt_tokens, tuple(self.tail), self.history.scalars(), row)
 
 
-def feature_rows(extractor, drafts: dict[str, np.ndarray], states: Sequence[RequestState]) -> np.ndarray:
+def described(chain_len: int, siblings: int, draft_nodes: int) -> int:
+    """Nodes of a cache row's tree that a decision with ``siblings`` S would verify (its
+    tree features describe them; training labels them): min(len(chain) + S, N-1)."""
+    return min(chain_len + siblings, draft_nodes)
+
+
+def feature_rows(extractor, drafts: dict[str, np.ndarray], states: Sequence[RequestState],
+                 rows: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """``[B, len(FEATURE_NAMES)]`` features of the rows' cache drafts in their states
-    (taken before the drafts are recorded into the histories)."""
+    (taken before the drafts are recorded into the histories); ``rows``: their row trees
+    cut at the nodes described (``row_lengths``), None for chain rows."""
     b = len(states)
     pos = np.fromiter((s.pos for s in states), dtype=np.float64, count=b)
     prompt = np.fromiter((s.num_prompt_tokens for s in states), dtype=np.float64, count=b)
@@ -139,15 +149,16 @@ def feature_rows(extractor, drafts: dict[str, np.ndarray], states: Sequence[Requ
     for i, s in enumerate(states):
         tail_lens[i] = len(s.tail)
         tails[i, : len(s.tail)] = s.tail
-    return extractor.from_arrays(drafts, pos, prompt, hist, tails, tail_lens)
+    return extractor.from_arrays(drafts, pos, prompt, hist, tails, tail_lens, rows)
 
 
-def gate_predictions(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState]) -> np.ndarray:
+def gate_predictions(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState],
+                     rows: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """The gate's value per row ``[B]`` float64 (raises on a bad gate): a learned gate's
     predicted accept_len (float32 from onnxruntime, exact in float64), the score rule's
     draft scores (gate.ScoreRuleGate)."""
     b = len(states)
-    pred = np.asarray(gate.predict_rows(drafts, states), dtype=np.float64)
+    pred = np.asarray(gate.predict_rows(drafts, states, rows), dtype=np.float64)
     if pred.shape != (b,) or not np.all(np.isfinite(pred)):
         raise ValueError(f"gate returned shape {pred.shape} / non-finite values for a batch of {b}")
     return pred
@@ -169,8 +180,21 @@ def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
 
 RowTrees = Callable[[np.ndarray], dict[str, np.ndarray]]
 """``trees(rows)``: the row trees (drafter/row_tree.py) of those batch rows, as
-``rows_to_arrays`` packs them; asked only for the rows whose cache branch has room for
+``rows_to_arrays`` packs them: for the gate's tree features, every row with a draft;
+for a gate that reads none (the score rule), only the cache rows with room for
 siblings."""
+
+
+def _grown(trees: RowTrees, which: np.ndarray, lens: np.ndarray, siblings: np.ndarray, b: int, n: int) -> dict[str, np.ndarray]:
+    """The row trees of rows ``which`` in batch-wide arrays [b, n], each cut at the nodes
+    the decision would verify (``row_lengths``: ``described``; other rows: 0)."""
+    got = trees(which)
+    out = {"row_tokens": np.full((b, n), -1, np.int32), "row_parents": np.full((b, n), -1, np.int32),
+           "row_probs": np.zeros((b, n)), "row_lengths": np.zeros(b, np.int32)}
+    for key in ("row_tokens", "row_parents", "row_probs"):
+        out[key][which] = got[key][:, :n]
+    out["row_lengths"][which] = np.minimum(got["row_lengths"], np.minimum(lens[which] + siblings[which], n))
+    return out
 
 
 def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], shape: VerifyShape,
@@ -180,7 +204,7 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
     histories this records every non-empty draft into (judged or not); ``rule``: one
     for the batch (the server), or one per row (replay deciding for several policies at
     once); ``trees``: where the rule adds cache siblings (topk > 1), the source of row
-    trees, asked only for the cache rows whose chain leaves room in their share.
+    trees (RowTrees), asked once per batch.
 
     A gate that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
     and the error is returned in ``gate_error``; without it (replay, training) it
@@ -197,9 +221,15 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
     use = np.zeros(b, dtype=bool)
     judged = lens > 0
     error = None
+    n = shape.draft_nodes
+    siblings = np.broadcast_to(siblings, (b,))
+    grows = trees is not None and shape.allows_branches and n <= MAX_TREE_NODES
+    rows = None  # the row trees of the rows asked, cut at the nodes described
+    if grows and gate is not None and getattr(gate, "reads_rows", False) and (want := np.flatnonzero(judged & (siblings > 0))).size:
+        rows = _grown(trees, want, lens, siblings, b, n)
     if gate is not None and judged.any():
         try:
-            pred = gate_predictions(gate, drafts, states)
+            pred = gate_predictions(gate, drafts, states, rows)
         except Exception as e:  # onnxruntime raises its own types; a failed gate must not stop a server
             if not fallback:
                 raise
@@ -208,25 +238,22 @@ def decide(gate, drafts: dict[str, np.ndarray], states: Sequence[RequestState], 
             predicted = np.where(judged, pred, np.nan).astype(np.float32)
             use = judged & (pred > np.asarray(threshold, dtype=np.float64))
     for i, s in enumerate(states):
-        n = int(lens[i])
-        if n:
-            s.record(tuple(drafts["tokens"][i, :n].tolist()))
+        if k := int(lens[i]):
+            s.record(tuple(drafts["tokens"][i, :k].tolist()))
     cache, eagle = plan_rows(use, lens, shape, reserve)
-    n = shape.draft_nodes
     tokens = np.full((b, n), -1, dtype=np.int32)
     w = min(n, drafts["tokens"].shape[1])
     tokens[:, :w] = drafts["tokens"][:, :w]
     parents = np.broadcast_to(np.arange(-1, n - 1, dtype=np.int32), (b, n)).copy()  # chains
-    if trees is not None and shape.allows_branches and n <= MAX_TREE_NODES:
+    if grows:
         share = n - np.minimum(reserve, n - 1)  # the cache branch's most nodes, per row or for all
-        siblings = np.broadcast_to(siblings, (b,))
         room = np.flatnonzero(use & (siblings > 0) & (cache < share))
         if len(room):
-            rows = trees(room)
-            grown = np.minimum(np.minimum(lens[room] + siblings[room], rows["row_lengths"]),
-                               np.broadcast_to(share, (b,))[room]).astype(np.int32)
+            if rows is None:
+                rows = _grown(trees, room, lens, siblings, b, n)
+            grown = np.minimum(rows["row_lengths"][room], np.broadcast_to(share, (b,))[room]).astype(np.int32)
             cache[room], eagle[room] = grown, n - grown
-            tokens[room], parents[room] = rows["row_tokens"][:, :n], rows["row_parents"][:, :n]
+            tokens[room], parents[room] = rows["row_tokens"][room], rows["row_parents"][room]
     return RowPlans(cache, eagle, tokens, parents, predicted, error)
 
 

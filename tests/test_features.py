@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -9,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_hvd.drafter import Draft, DrafterConfig, create_drafter
-from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, FeatureInput, RequestHistory
+from sglang_hvd.drafter.protocol import DraftTree
+from sglang_hvd.drafter.row_tree import RowTree, row_tree, rows_to_arrays
+from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, FeatureInput, RequestHistory, tree_features
 from sglang_hvd.replay.labelled import iter_labelled
 from sglang_hvd.token_flags import FLAG_BITS, FLAG_NAMES, build_token_flags, flags_of
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
@@ -69,6 +72,37 @@ def test_feature_row_literal_values():
     assert math.isclose(x[1, COL["log_prompt_len"]], math.log1p(5), rel_tol=1e-6)
 
 
+def test_tree_features_of_the_docstring_example_and_none_for_a_chain_row():
+    ex = FeatureExtractor(FLAGS, DrafterConfig())
+    chain = Draft(tokens=(5, 7, 8), probs=(0.5, 0.375, 0.25), child_counts=(4, 3, 2), score=1.125, match_len=3,
+                  match_count=8, tree="global")
+    tree = DraftTree(tokens=(5, 9, 7, 4, 8), parents=(-1, -1, 0, 0, 2), probs=(0.5, 0.25, 0.375, 0.125, 0.25))
+    row = row_tree(chain, tree, 3 + 2)  # S = 2 siblings: 9 under the root, 4 under node 0
+    assert (row.tokens, row.parents) == ((5, 7, 8, 9, 4), (-1, 0, 1, -1, 0))
+    x = ex([FeatureInput(chain, 4, 20, [1], [0.0] * 12, row), FeatureInput(chain, 4, 20, [1], [0.0] * 12),
+            FeatureInput(chain, 4, 20, [1], [0.0] * 12, row.head(4))])
+    names = ["tree_siblings", "tree_sibling_mass", "tree_root_alt_mass", "tree_best_sibling_prob", "tree_branch_points"]
+    tree_cols = [COL[n] for n in names]
+    assert x[0, tree_cols].tolist() == [2.0, 0.375, 0.25, 0.25, 2.0]
+    assert x[1, tree_cols].tolist() == [0.0] * 5  # a chain row (S = 0) has no siblings
+    assert x[2, tree_cols].tolist() == [1.0, 0.25, 0.25, 0.25, 1.0]  # S = 1: only 9
+    assert np.array_equal(x[0, : tree_cols[0]], x[1, : tree_cols[0]])  # the other groups do not see the tree
+    # the serving path: batch arrays cut at the nodes described (row_lengths)
+    arrays = rows_to_arrays([row, row], 15)
+    arrays["row_lengths"][1] = 4
+    assert tree_features(arrays, np.array([3, 3]), arrays["row_lengths"]).tolist() == [x[0, tree_cols].tolist(),
+                                                                                       x[2, tree_cols].tolist()]
+    # a chain cut short by the row: nodes past the cut are not the chain's; 9 under the root is a sibling
+    cut = row_tree(chain, tree, 2)
+    assert tree_features(rows_to_arrays([cut], 2), np.array([3]), np.array([2])).tolist() == [[0.0] * 5]
+
+
+def row_of_arrays(trees, i):
+    n = int(trees["row_lengths"][i])
+    return RowTree(tuple(trees["row_tokens"][i, :n].tolist()), tuple(trees["row_parents"][i, :n].tolist()),
+                   tuple(trees["row_probs"][i, :n].tolist()))
+
+
 def _records(prefix, suffix, prompt):
     tok = TokenizerId("toy", "d")
     return [TraceRecord(req_id="r", conv_id="c", turn=0, source="s", tokenizer=tok,
@@ -116,4 +150,13 @@ def test_batch_arrays_give_the_same_features_as_draft_objects():
         rows = [FeatureInput(drafts[i], int(pos[i]), int(prompt[i]), tails[i], hist[i].tolist()) for i in range(6)]
         want = ex(rows)
         got = ex.from_arrays(arrays, pos, prompt, hist, padded, np.array([len(t) for t in tails]))
+        assert np.allclose(got, want, atol=1e-6), name
+        # with row trees of the chain and 3 siblings each, cut at 7 nodes
+        trees = d.speculate_rows(ids, 9)
+        described = np.minimum(np.minimum(trees["row_lengths"], arrays["lengths"] + 3), 7)
+        with_rows = [dataclasses.replace(r, row=row_of_arrays(trees, i).head(int(described[i]))) for i, r in enumerate(rows)]
+        assert sum(len(r.row) > len(r.draft.tokens) for r in with_rows) >= 2  # rows with siblings
+        want = ex(with_rows)
+        got = ex.from_arrays(arrays, pos, prompt, hist, padded, np.array([len(t) for t in tails]),
+                             {**trees, "row_lengths": described.astype(np.int32)})
         assert np.allclose(got, want, atol=1e-6), name

@@ -105,7 +105,7 @@ def test_bad_gates_are_refused_at_load_time_with_the_reason(tmp_path):
     with pytest.raises(GateError, match="gate directory not found"):
         Gate(str(tmp_path / "nowhere"))
     old = variant("old", lambda d: (d / "gate.json").write_text(json.dumps({**_spec().to_json(), "feature_schema_version": 0})))
-    with pytest.raises(GateError, match=r"trained on feature schema 0 \(62 features\), but this sglang-hvd computes schema 1 \(62 features\)"):
+    with pytest.raises(GateError, match=r"trained on feature schema 0 \(67 features\), but this sglang-hvd computes schema 2 \(67 features\)"):
         Gate(old)
     with pytest.raises(GateError, match="token_flags.npy: missing"):
         Gate(variant("noflags", lambda d: os.unlink(d / "token_flags.npy")))

@@ -81,3 +81,47 @@ def test_request_state_keeps_the_tail_and_the_position():
     assert s.pos == 2 and list(s.tail) == [14, 15, 16, 17, 18, 19, 100, 101]
     with pytest.raises(ValueError, match="draft recorded at position 1, but 2 tokens were observed"):
         s.history.record(1, (5,))
+
+
+class TreeReadingGate(ListGate):
+    """A ListGate that reads tree features (as a trained Gate does) and keeps its inputs."""
+
+    reads_rows = True
+
+    def predict(self, x):
+        self.features = x
+        return super().predict(x)
+
+
+def test_a_gate_that_reads_trees_gets_every_drafted_rows_tree_cut_at_chain_plus_siblings():
+    from sglang_hvd.drafter.row_tree import RowTree, rows_to_arrays
+    from sglang_hvd.features import FEATURE_NAMES
+
+    shape = VerifyShape(4, 3, 8)  # 7 draft nodes
+    states = [RequestState([1, 2, 3]) for _ in range(3)]
+    # rows 0 and 2 have chains 5 6 and 7 8 9 10 11; each tree adds siblings under the root
+    rows = {0: RowTree((5, 6, 40, 41, 42), (-1, 0, -1, -1, 2), (0.5, 0.5, 0.25, 0.125, 0.25)),
+            2: RowTree((7, 8, 9, 10, 11, 50, 51), (-1, 0, 1, 2, 3, -1, 5), (0.5,) * 5 + (0.25, 0.25))}
+    asked = []
+
+    def trees(which):
+        asked.append(which.tolist())
+        return rows_to_arrays([rows[i] for i in which], 7)
+
+    gate = TreeReadingGate([3.0, 9.0, 0.5])
+    plans = decide(gate, drafts([5, 6], [], [7, 8, 9, 10, 11]), states, shape,
+                   DecisionRule(threshold=1.0, eagle_reserve=1, cache_siblings=2), trees=trees)
+    assert asked == [[0, 2]]  # one call, every drafted row, before the gate
+    col = FEATURE_NAMES.index("tree_siblings")
+    # row 0: chain 2 + S 2 = 4 nodes described: 40 and 41 (mass .375; 42 is past them); row 2: 5 + 2 = 7
+    # nodes: 50 under the root, 51 under 50 (one branch point, the root)
+    assert gate.features[:, col : col + 5].tolist() == [[2.0, 0.375, 0.375, 0.25, 1.0], [0.0] * 5, [2.0, 0.5, 0.25, 0.25, 1.0]]
+    # row 0 verifies its 4 described nodes (within its share 7 - 1), row 2 (0.5 <= 1) EAGLE3's tree
+    assert [plans.plan(i) for i in range(3)] == [RowPlan(4, 3), RowPlan(0, 7), RowPlan(0, 7)]
+    assert plans.cache_tokens[0, :4].tolist() == [5, 6, 40, 41]
+    assert plans.cache_parents[0, :4].tolist() == [-1, 0, -1, -1]
+    # a gate that reads no trees (the score rule): trees only for the cache rows with room
+    asked.clear()
+    decide(ListGate([3.0, 9.0, 0.5]), drafts([5, 6], [], [7, 8, 9, 10, 11]), states, shape,
+           DecisionRule(threshold=1.0, eagle_reserve=1, cache_siblings=2), trees=trees)
+    assert asked == [[0]]

@@ -9,20 +9,30 @@ from sglang_hvd.drafter.protocol import Draft, DraftTree
 from sglang_hvd.drafter.row_tree import accepted_within, branch, chain_path, is_chain, row_path, row_tree
 
 # 5 -> {7 -> 8, 4} and 9 at the root, in best-first order (the module docstring's example)
-TREE = DraftTree(tokens=(5, 9, 7, 4, 8), parents=(-1, -1, 0, 0, 2))
+TREE = DraftTree(tokens=(5, 9, 7, 4, 8), parents=(-1, -1, 0, 0, 2), probs=(0.5, 0.25, 0.375, 0.125, 0.25))
+
+
+def shape(row):
+    return row.tokens, row.parents
 
 
 def test_the_row_keeps_the_chain_and_adds_the_trees_other_nodes_in_its_order():
-    assert row_tree(Draft(tokens=(5, 7, 8)), TREE, 5) == ((5, 7, 8, 9, 4), (-1, 0, 1, -1, 0))
-    assert row_tree(Draft(tokens=(5, 7, 8)), TREE, 4) == ((5, 7, 8, 9), (-1, 0, 1, -1))
-    assert row_tree(Draft(tokens=(5, 7, 8)), TREE, 2) == ((5, 7), (-1, 0))  # the chain's first nodes only
+    assert shape(row_tree(Draft(tokens=(5, 7, 8)), TREE, 5)) == ((5, 7, 8, 9, 4), (-1, 0, 1, -1, 0))
+    assert shape(row_tree(Draft(tokens=(5, 7, 8)), TREE, 4)) == ((5, 7, 8, 9), (-1, 0, 1, -1))
+    assert shape(row_tree(Draft(tokens=(5, 7, 8)), TREE, 2)) == ((5, 7), (-1, 0))  # the chain's first nodes only
     # a chain the tree does not share: every tree node is a sibling branch, parents kept
-    assert row_tree(Draft(tokens=(6,)), TREE, 6) == ((6, 5, 9, 7, 4, 8), (-1, -1, -1, 1, 1, 3))
+    assert shape(row_tree(Draft(tokens=(6,)), TREE, 6)) == ((6, 5, 9, 7, 4, 8), (-1, -1, -1, 1, 1, 3))
     # the chain cut at 1 node: the tree's 7 under 5 is then a new node, its 8 too
-    assert row_tree(Draft(tokens=(5, 7, 8)), TREE, 1 + 4) == ((5, 7, 8, 9, 4), (-1, 0, 1, -1, 0))
-    assert row_tree(Draft(tokens=(5, 9)), TREE, 5) == ((5, 9, 9, 7, 4), (-1, 0, -1, 0, 0))
-    assert row_tree(Draft(), TREE, 3) == ((5, 9, 7), (-1, -1, 0))
-    assert row_tree(Draft(tokens=(5, 7)), DraftTree(), 5) == ((5, 7), (-1, 0))
+    assert shape(row_tree(Draft(tokens=(5, 7, 8)), TREE, 1 + 4)) == ((5, 7, 8, 9, 4), (-1, 0, 1, -1, 0))
+    assert shape(row_tree(Draft(tokens=(5, 9)), TREE, 5)) == ((5, 9, 9, 7, 4), (-1, 0, -1, 0, 0))
+    assert shape(row_tree(Draft(), TREE, 3)) == ((5, 9, 7), (-1, -1, 0))
+    assert shape(row_tree(Draft(tokens=(5, 7)), DraftTree(), 5)) == ((5, 7), (-1, 0))
+
+
+def test_each_node_keeps_its_path_probability_the_chains_or_the_trees():
+    row = row_tree(Draft(tokens=(5, 7, 8), probs=(0.5, 0.375, 0.25)), TREE, 5)
+    assert row.probs == (0.5, 0.375, 0.25, 0.25, 0.125)  # 9 and 4 from the tree draft
+    assert row_tree(Draft(tokens=(6,), probs=(0.75,)), TREE, 3).probs == (0.75, 0.5, 0.25)
 
 
 def test_the_path_is_the_nodes_the_output_passes_through():
@@ -64,4 +74,22 @@ def test_speculate_rows_pack_each_rows_tree_and_leave_rows_without_a_chain_empty
     assert rows["row_tokens"][0].tolist() == [3, 8, 1, 2, 4, 7, 9, 1, 4, 7]
     assert rows["row_parents"][0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6, -1, 8]
     assert rows["row_tokens"][1].tolist() == [-1] * 10
+    # path probabilities: "1 2" occurs 4 times (the last the context itself): 3 in 2 of them,
+    # certain to 2, then 4 in half of "3 8 1 2"; the sibling 4 in 1 of 4, certain to 7
+    assert rows["row_probs"][0].tolist() == [0.5] * 4 + [0.25] * 6
+    assert rows["row_probs"][1].tolist() == [0.0] * 10
     assert drafter.speculate_rows(["a"], 3)["row_tokens"].tolist() == [[3, 8, 1]]  # the chain fills a short row
+
+
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_a_row_follows_the_chain_of_now_after_another_request_changed_the_global_tree(impl):
+    drafter = create_drafter(impl, DrafterConfig(max_spec_factor=4.0, max_spec_offset=0.0))
+    drafter.start_request("a", [1, 2, 3, 8, 1, 2])
+    assert drafter.speculate("a").tokens == (3, 8, 1, 2)  # from its own tree
+    assert drafter.speculate_rows(["a"], 4)["row_tokens"].tolist() == [[3, 8, 1, 2]]
+    # b's response makes "1 2 -> 5 5 5 5 5" the global tree's best continuation (score 4 > 2)
+    drafter.start_request("b", [9])
+    drafter.append("b", [1, 2, 5, 5, 5, 5, 5, 1, 2, 5, 5, 5, 5, 5, 1, 2, 5, 5, 5, 5, 5])
+    # (no speculate since: a chain remembered from before the change must not be reused)
+    assert drafter.speculate_rows(["a"], 4)["row_tokens"].tolist() == [[5, 5, 5, 5]]
+    assert drafter.speculate("a").tokens[:4] == (5, 5, 5, 5)

@@ -61,7 +61,7 @@ def walk(records, config: DrafterConfig, nodes: list[int]) -> dict:
                 t = time.perf_counter_ns()
                 row = speculate_row(drafter, r.req_id, b)
                 s[f"row{b}_us"].append((time.perf_counter_ns() - t) / 1e3)
-                s[f"row{b}"].append(len(row_path(*row, out, pos)))
+                s[f"row{b}"].append(len(row_path(row.tokens, row.parents, out, pos)))
             drafter.append(r.req_id, out[pos : pos + 1])
         drafter.finish_request(r.req_id)
     return stats

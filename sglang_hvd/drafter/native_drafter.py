@@ -126,7 +126,8 @@ class NativeDrafter:
 
     def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> dict[str, np.ndarray]:
         """The row trees of a batch as arrays (row_tree.py; GIL released): row_tokens /
-        row_parents [B, max_nodes] (-1 padded), row_lengths [B]."""
+        row_parents [B, max_nodes] (-1 padded), row_probs [B, max_nodes] (0 padded),
+        row_lengths [B]."""
         return self._core.speculate_rows(np.array([self._running(r) for r in req_ids], dtype=np.int64), max_nodes)
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:

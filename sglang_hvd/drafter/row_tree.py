@@ -12,7 +12,8 @@ len(chain) nodes verifies exactly the chain.
 Worked example (max_nodes 5): chain ``5 7 8``; tree tokens ``(5, 9, 7, 4, 8)``, parents
 ``(-1, -1, 0, 0, 2)`` (5 and 9 under the root, 7 and 4 under 5, 8 under 7). The tree's
 5, 7, 8 lie on the chain; 9 and 4 do not: the row is tokens ``(5, 7, 8, 9, 4)``, parents
-``(-1, 0, 1, -1, 0)``.
+``(-1, 0, 1, -1, 0)``. Each node keeps its path probability: the chain's nodes the
+chain's, the others the tree draft's (``RowTree.probs``; the gate's tree features).
 
 ``row_path`` is greedy verification of such a tree against a recorded output: the
 indices of the nodes the output passes through, from the root down. A verify that
@@ -22,6 +23,7 @@ holds the row's first k nodes accepts the leading path indices below k
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,11 +31,32 @@ import numpy as np
 from .protocol import Draft, DraftTree
 
 
-def row_tree(chain: Draft, tree: DraftTree, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``(tokens, parents)`` of the row tree of at most ``max_nodes`` nodes (module docstring)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowTree:
+    """A cache row: its nodes' tokens, parent links (-1: under the root; a parent's index
+    is below its children's) and path probabilities. The first nodes are the chain's."""
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    probs: tuple[float, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def head(self, k: int) -> RowTree:
+        """Its first ``k`` nodes: a row tree too (parents come first)."""
+        return self if k >= len(self.tokens) else RowTree(self.tokens[:k], self.parents[:k], self.probs[:k])
+
+
+EMPTY_ROW = RowTree()
+
+
+def row_tree(chain: Draft, tree: DraftTree, max_nodes: int) -> RowTree:
+    """The row tree of at most ``max_nodes`` nodes (module docstring)."""
     cut = min(len(chain.tokens), max_nodes)
     tokens = list(chain.tokens[:cut])
     parents = list(range(-1, cut - 1))
+    probs = list(chain.probs[:cut])
     placed: dict[int, int] = {}  # tree node -> row node
     depth: list[int] = []
     on_chain: list[bool] = []
@@ -48,7 +71,8 @@ def row_tree(chain: Draft, tree: DraftTree, max_nodes: int) -> tuple[tuple[int, 
             placed[i] = len(tokens)
             tokens.append(t)
             parents.append(-1 if p < 0 else placed[p])
-    return tuple(tokens), tuple(parents)
+            probs.append(tree.probs[i])
+    return RowTree(tuple(tokens), tuple(parents), tuple(probs))
 
 
 def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: int = 0) -> int:
@@ -112,28 +136,31 @@ def chain_path(accept_len: int) -> tuple[int, ...]:
     return tuple(range(accept_len))
 
 
-def rows_to_arrays(rows: Sequence[tuple[Sequence[int], Sequence[int]]], width: int) -> dict[str, np.ndarray]:
-    """Row trees ``(tokens, parents)`` as arrays: ``row_tokens`` / ``row_parents``
-    [B, width] (-1 padded) and ``row_lengths`` [B]."""
+def rows_to_arrays(rows: Sequence[RowTree], width: int) -> dict[str, np.ndarray]:
+    """Row trees as arrays (what ``speculate_rows`` returns): ``row_tokens`` /
+    ``row_parents`` [B, width] int32 (-1 padded), ``row_probs`` [B, width] float64 (0
+    padded) and ``row_lengths`` [B]."""
     b = len(rows)
     out = {"row_tokens": np.full((b, width), -1, dtype=np.int32), "row_parents": np.full((b, width), -1, dtype=np.int32),
-           "row_lengths": np.zeros(b, dtype=np.int32)}
-    for i, (tokens, parents) in enumerate(rows):
-        n = len(tokens)
+           "row_probs": np.zeros((b, width)), "row_lengths": np.zeros(b, dtype=np.int32)}
+    for i, row in enumerate(rows):
+        n = len(row.tokens)
         out["row_lengths"][i] = n
-        out["row_tokens"][i, :n] = tokens
-        out["row_parents"][i, :n] = parents
+        out["row_tokens"][i, :n] = row.tokens
+        out["row_parents"][i, :n] = row.parents
+        out["row_probs"][i, :n] = row.probs
     return out
 
 
-def speculate_row(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def speculate_row(drafter, req_id: str, max_nodes: int) -> RowTree:
     """One request's row tree through the drafter's own ``speculate_rows`` (replay's call)."""
     a = drafter.speculate_rows([req_id], max_nodes)
     n = int(a["row_lengths"][0])
-    return tuple(a["row_tokens"][0, :n].tolist()), tuple(a["row_parents"][0, :n].tolist())
+    return RowTree(tuple(a["row_tokens"][0, :n].tolist()), tuple(a["row_parents"][0, :n].tolist()),
+                   tuple(a["row_probs"][0, :n].tolist()))
 
 
-def row_of(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def row_of(drafter, req_id: str, max_nodes: int) -> RowTree:
     """The request's row tree from its chain draft and the tree draft of ``max_nodes``
     nodes grown from the chain's own occurrence set (its siblings, one search instead of
     one per set); none without a chain (a row tree extends a chain). A certain chain (path
@@ -141,7 +168,7 @@ def row_of(drafter, req_id: str, max_nodes: int) -> tuple[tuple[int, ...], tuple
     tree grown. The reference for every drafter's ``speculate_rows``."""
     chain = drafter.speculate(req_id)
     if not chain.tokens:
-        return (), ()
+        return EMPTY_ROW
     if chain.probs[-1] >= 1.0:
         return row_tree(chain, DraftTree(), max_nodes)
     return row_tree(chain, drafter.speculate_tree(req_id, max_nodes, like=chain), max_nodes)

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
-from ..drafter.row_tree import accept_len, accepted_within, chain_path, row_path, speculate_row
+from ..drafter.row_tree import EMPTY_ROW, accept_len, accepted_within, chain_path, row_path, speculate_row
 from ..policy import RequestState, RowPlan
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream
@@ -133,7 +133,6 @@ def iter_serving(
     # Row trees (the chain and siblings from the tree draft) where a policy verifies them;
     # at topk 1 a row is a chain.
     trees = shape.allows_branches and any(getattr(p, "needs_rows", False) for p in policies)
-    no_row = ((), ())
     for record in records:
         out_list = record.output_ids.tolist()
         n = len(out_list)
@@ -142,10 +141,10 @@ def iter_serving(
         for pos, draft, label in (_every_position(drafter, record, out_list) if drafting else ()):
             drafts.append(draft)
             labels.append(label)
-            row = speculate_row(drafter, record.req_id, shape.draft_nodes) if trees else no_row
+            row = speculate_row(drafter, record.req_id, shape.draft_nodes) if trees else EMPTY_ROW
             rows.append(row)
             # the nodes the output passes through: a chain's are its first LCP nodes
-            paths.append(row_path(*row, out_list, pos) if trees else chain_path(min(label, shape.draft_nodes)))
+            paths.append(row_path(row.tokens, row.parents, out_list, pos) if trees else chain_path(min(label, shape.draft_nodes)))
         streams = [Eagle3Stream() for _ in policies]
         # Only policies that read the request's state (the gate) pay for keeping it.
         states = [RequestState(record.prompt_ids) if getattr(p, "needs_state", False) else None for p in policies]
@@ -164,7 +163,7 @@ def iter_serving(
                 views.append(StepView(req_id=record.req_id, source=record.source, pos=pos, shape=shape,
                                       draft=drafts[pos] if needs else EMPTY_DRAFT, state=states[i],
                                       oracle_accept_len=model.cache_accept_len(labels[pos]) if needs else 0,
-                                      row=rows[pos] if needs else no_row, oracle_path=paths[pos] if needs else ()))
+                                      row=rows[pos] if needs else EMPTY_ROW, oracle_path=paths[pos] if needs else ()))
             plans = _decide_all([policies[i] for i in active], views)
             still = []
             for i, view, plan in zip(active, views, plans):

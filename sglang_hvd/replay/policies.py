@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
 from ..drafter.protocol import Draft, drafts_to_arrays
-from ..drafter.row_tree import rows_to_arrays
+from ..drafter.row_tree import EMPTY_ROW, RowTree, rows_to_arrays
 from ..policy import DecisionRule, RequestState, RowPlan, decide
 from ..verify import VerifyShape
 
@@ -45,8 +45,8 @@ class StepView:
     state: RequestState | None  # the request's decision state under this policy (needs_state)
     oracle_accept_len: int
     """The draft's true accepted length, capped at the row (N-1). Only the oracle may read it."""
-    row: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
-    """The row tree's tokens and parents (``needs_rows`` policies at topk > 1; else empty)."""
+    row: RowTree = EMPTY_ROW
+    """The row tree of N-1 nodes (``needs_rows`` policies at topk > 1; else empty)."""
     oracle_path: tuple[int, ...] = ()
     """Row-tree nodes the output passes through (a chain's: its first accepted nodes). Only oracles read it."""
 
@@ -127,7 +127,7 @@ class Oracle:
 
 def row_of(view: StepView) -> RowPlan:
     """The whole row tree as the cache branch (the chain when there is no tree)."""
-    return RowPlan(len(view.row[0]), 0) if view.row[0] else cache_chain(view)
+    return RowPlan(len(view.row), 0) if view.row.tokens else cache_chain(view)
 
 
 class CacheTree:

@@ -142,7 +142,7 @@ class HVDStepper:
         states = [self._reqs[r] for r in rids]
         arrays = self.drafter.speculate_arrays(rids)
 
-        def trees(rows: np.ndarray) -> dict[str, np.ndarray]:  # only for cache rows with room for siblings
+        def trees(rows: np.ndarray) -> dict[str, np.ndarray]:  # the drafted rows (tree features) or those with room
             return self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
 
         plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees)

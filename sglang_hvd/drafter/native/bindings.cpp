@@ -96,15 +96,18 @@ PYBIND11_MODULE(_native, m) {
         }, py::arg("req"), py::arg("max_nodes"), py::arg("only_tree") = 0, py::arg("only_p") = 0)
         .def("speculate_rows",
              [](SuffixDrafter& s, I64 reqs, int max_nodes) {
-                 // Row trees of a batch: row_tokens/row_parents [B, max_nodes] (-1 padded), row_lengths [B].
+                 // Row trees of a batch: row_tokens/row_parents [B, max_nodes] (-1 padded), row_probs
+                 // [B, max_nodes] (0 padded), row_lengths [B].
                  if (max_nodes < 1) throw std::invalid_argument("max_nodes must be >= 1");
                  auto r = reqs.unchecked<1>();
                  const py::ssize_t b = r.shape(0);
                  py::array_t<int32_t> tokens({b, static_cast<py::ssize_t>(max_nodes)});
                  py::array_t<int32_t> parents({b, static_cast<py::ssize_t>(max_nodes)});
+                 py::array_t<double> probs({b, static_cast<py::ssize_t>(max_nodes)});
                  py::array_t<int32_t> lengths(b);
                  auto T = tokens.mutable_unchecked<2>();
                  auto P = parents.mutable_unchecked<2>();
+                 auto Q = probs.mutable_unchecked<2>();
                  auto L = lengths.mutable_unchecked<1>();
                  {
                      py::gil_scoped_release nogil;
@@ -114,6 +117,7 @@ PYBIND11_MODULE(_native, m) {
                          for (py::ssize_t k = 0; k < max_nodes; ++k) {
                              T(i, k) = k < n ? row.tokens[k] : -1;
                              P(i, k) = k < n ? row.parents[k] : -1;
+                             Q(i, k) = k < n ? row.probs[k] : 0.0;
                          }
                          L(i) = static_cast<int32_t>(n);
                      }
@@ -121,6 +125,7 @@ PYBIND11_MODULE(_native, m) {
                  py::dict out;
                  out["row_tokens"] = tokens;
                  out["row_parents"] = parents;
+                 out["row_probs"] = probs;
                  out["row_lengths"] = lengths;
                  return out;
              })

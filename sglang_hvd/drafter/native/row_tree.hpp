@@ -13,12 +13,14 @@ namespace hvd {
 struct RowTree {
     std::vector<int32_t> tokens;
     std::vector<int32_t> parents;  // -1: under the root
+    std::vector<double> probs;     // path probability: the chain's for its nodes, the tree's for the others
 };
 
 inline RowTree row_tree(const Draft& chain, const TreeDraft& tree, int max_nodes) {
     RowTree row;
     const int cut = std::min(static_cast<int>(chain.tokens.size()), max_nodes);
     row.tokens.assign(chain.tokens.begin(), chain.tokens.begin() + cut);
+    row.probs.assign(chain.probs.begin(), chain.probs.begin() + cut);
     for (int k = 0; k < cut; ++k) row.parents.push_back(k - 1);
     const size_t n = tree.tokens.size();
     std::vector<int> depth(n), placed(n, -1);  // placed: the row node a tree node became (-1: none)
@@ -36,6 +38,7 @@ inline RowTree row_tree(const Draft& chain, const TreeDraft& tree, int max_nodes
             placed[i] = static_cast<int>(row.tokens.size());
             row.tokens.push_back(tree.tokens[i]);
             row.parents.push_back(p < 0 ? -1 : placed[static_cast<size_t>(p)]);
+            row.probs.push_back(tree.probs[i]);
         }
     }
     return row;
