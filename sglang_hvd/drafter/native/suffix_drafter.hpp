@@ -19,6 +19,8 @@ public:
     explicit SuffixDrafter(const Config& c) : cfg_(c), search_(c), global_(c.max_depth) {}
 
     void reset() {
+        changed();
+        last_chain_.clear();
         local_.clear();
         recent_.clear();
         global_ = Index(cfg_.max_depth);
@@ -29,6 +31,7 @@ public:
 
     void start(int64_t req, const int32_t* prompt, int64_t n) {
         if (local_.count(req)) throw std::invalid_argument("request is already running");
+        changed();
         if (finished_set_.count(req)) {  // a reused id replaces its old cached response
             finished_set_.erase(req);
             finished_.erase(std::find(finished_.begin(), finished_.end(), req));
@@ -39,13 +42,17 @@ public:
     }
 
     void append(int64_t req, const int32_t* tokens, int64_t n) {
-        running(req).extend(0, tokens, n);
+        Index& own = running(req);
+        changed();
+        own.extend(0, tokens, n);
         global_.extend(req, tokens, n);
         if (global_.num_live() > cfg_.global_max_tokens) evict();
     }
 
     void finish(int64_t req) {
         running(req);
+        changed();
+        last_chain_.erase(req);
         // Keep the request's own index for a while: the next turn of the same conversation
         // re-sends this context as its prompt prefix, and re-indexing it is the main cost.
         recent_.push_front(std::move(local_[req]));
@@ -63,7 +70,17 @@ public:
         const int32_t* tail = own.arena() + d.start + d.len - n;
         Draft a = search_.best(own, tail, n, LOCAL);
         Draft b = search_.best(global_, tail, n, GLOBAL);
-        return a.score >= b.score ? a : b;
+        Draft& best = a.score >= b.score ? a : b;
+        last_chain_[req] = {epoch_, best};
+        return best;
+    }
+
+    // The request's chain: the one speculate returned, while nothing has changed since
+    // (a step's speculate_batch, then its row trees); else a new search.
+    Draft chain(int64_t req) {
+        auto it = last_chain_.find(req);
+        if (it != last_chain_.end() && it->second.first == epoch_) return it->second.second;
+        return speculate(req);
     }
 
     // The best tree of at most max_nodes nodes; with only_tree (LOCAL or GLOBAL) and only_p,
@@ -84,7 +101,7 @@ public:
     // occurrence set (max_nodes nodes); none without a chain (a row tree extends a chain). A
     // certain chain (path probability 1 at every token) is its own row: no tree is grown.
     RowTree speculate_row(int64_t req, int max_nodes) {
-        Draft chain = speculate(req);
+        const Draft chain = this->chain(req);
         if (chain.tokens.empty()) return RowTree{};
         if (chain.probs.back() >= 1.0) return row_tree(chain, TreeDraft{}, max_nodes);
         return row_tree(chain, speculate_tree(req, max_nodes, chain.tree, chain.match_len), max_nodes);
@@ -149,6 +166,9 @@ private:
         return *it->second;
     }
 
+    // Every change to an index (drafts may differ after it) ends the chains remembered.
+    void changed() { ++epoch_; }
+
     void evict() {
         while (global_.num_live() > cfg_.global_max_tokens && !finished_.empty()) {
             int64_t oldest = finished_.front();
@@ -168,6 +188,8 @@ private:
     std::deque<int64_t> finished_;
     std::unordered_set<int64_t> finished_set_;
     int64_t evicted_ = 0;
+    uint64_t epoch_ = 0;  // bumped by every change (changed())
+    std::unordered_map<int64_t, std::pair<uint64_t, Draft>> last_chain_;  // running request -> (epoch, its chain then)
 };
 
 }  // namespace hvd
