@@ -164,6 +164,10 @@ def test_eval_and_train_refuse_bad_inputs(demo_dir, tmp_path, capsys):
     assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "g1"), "--cache-siblings", "2",
                 "--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "4"]) == 2
     assert "cache siblings need tree rows (topk > 1); the shape is topk 1, steps 3, 4 nodes" in capsys.readouterr().err
+    gate = os.path.join(demo_dir, "gate")
+    assert hvd(["eval", traces, "--gate", gate, "--cache-siblings", "2", "--verify-topk", "1", "--verify-steps", "3",
+                "--verify-nodes", "4"]) == 2
+    assert "--cache-siblings 2: rows at topk 1 are chains" in capsys.readouterr().err
 
 
 def test_eval_plot_and_json(demo_dir, tmp_path):

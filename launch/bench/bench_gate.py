@@ -2,7 +2,8 @@
 
     python launch/bench/bench_gate.py GATE_DIR TRACES [--batch 32]
 
-Collects real feature rows (cache drafts of the traces, with their request histories),
+Collects real feature rows (cache drafts of the traces, with their request histories
+and, where the gate serves cache siblings, the row trees its tree features describe),
 then times, per call on one core: features for a batch of B rows, and one onnxruntime
 call on B rows (median and p99 over many calls). Targets: features <= 200 us and
 inference <= 30 us for a batch of 32.
@@ -19,7 +20,8 @@ import numpy as np
 from sglang_hvd.drafter import create_drafter
 from sglang_hvd.drafter.native_drafter import default_drafter_name
 from sglang_hvd.features import RequestHistory
-from sglang_hvd.policy import RequestState
+from sglang_hvd.drafter.row_tree import EMPTY_ROW, speculate_row
+from sglang_hvd.policy import RequestState, described
 from sglang_hvd.gate import Gate
 from sglang_hvd.replay.engine import iter_dense
 from sglang_hvd.trace import iter_traces
@@ -35,13 +37,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     gate = Gate(args.gate)
     drafter = create_drafter(default_drafter_name(), gate.drafter_config)
+    n = gate.shape.draft_nodes
+    siblings = gate.rule.cache_siblings if gate.shape.allows_branches else 0
     rows, state, current = [], None, None
     for step in iter_dense(iter_traces(args.traces), drafter):
         r = step.record
         if r is not current:
             current, state = r, RequestState(r.prompt_ids)
         if step.draft.tokens:
-            rows.append(state.feature_input(step.draft))
+            row = speculate_row(drafter, r.req_id, n).head(described(len(step.draft), siblings, n)) if siblings else EMPTY_ROW
+            rows.append(state.feature_input(step.draft, row))
         state.record(step.draft.tokens)
         state.observe([int(r.output_ids[step.pos])])
         if len(rows) >= args.rows:
@@ -63,7 +68,8 @@ def main(argv=None) -> int:
             h.scalars()
         history_us.append((time.perf_counter_ns() - t) / 1e3)
     q = lambda a: f"median {np.median(a):7.1f} us, p99 {np.percentile(a, 99):7.1f} us"
-    print(f"{len(rows)} real rows; batch {args.batch}; onnxruntime on 1 intra-op thread")
+    print(f"{len(rows)} real rows ({sum(len(x.row) > len(x.draft) for x in rows)} with siblings); batch {args.batch}; "
+          "onnxruntime on 1 intra-op thread")
     print(f"features (extractor)      : {q(feat_us)}")
     print(f"history snapshots (x{args.batch})  : {q(history_us)}")
     print(f"gate inference (1 call)   : {q(infer_us)}")

@@ -76,6 +76,9 @@ def main(args: argparse.Namespace) -> int:
         except ImportError:
             raise HvdInputError("--plot needs matplotlib: pip install matplotlib") from None
     model = verify_model_from_flags(args, gate.verify_model)
+    if args.cache_siblings and not model.shape.allows_branches:
+        raise HvdInputError(f"--cache-siblings {args.cache_siblings}: rows at topk {model.shape.topk} are chains, with no "
+                            "room for siblings; evaluate at --verify-topk 2 or more, or leave --cache-siblings out")
     rule = args.rule_threshold if args.rule_threshold is not None else spec.rule_threshold or 3.0
     report = ReadReport()
     records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
