@@ -272,10 +272,13 @@ def tree_features(rows: dict[str, np.ndarray], chain_lens: np.ndarray, num_nodes
     limit = np.minimum(np.asarray(num_nodes, dtype=np.int64), w)[:, None]
     chain = np.minimum(np.asarray(chain_lens, dtype=np.int64)[:, None], limit)
     sib = (col >= chain) & (col < limit)
-    mass = np.where(sib, probs, 0.0)
-    from_chain = sib & (parents < chain)  # siblings whose parent is the root or a chain node
-    points = np.zeros((b, w + 1), dtype=bool)
-    r, c = np.nonzero(from_chain)
-    points[r, parents[r, c] + 1] = True
-    return np.stack([sib.sum(1), mass.sum(1), np.where(parents < 0, mass, 0.0).sum(1), mass.max(1, initial=0.0),
-                     points.sum(1)], axis=1).astype(np.float32)
+    mass = probs * sib
+    out = np.empty((b, _NUM_TREE), dtype=np.float32)
+    out[:, 0] = sib.sum(1)
+    out[:, 1] = mass.sum(1)
+    out[:, 2] = (mass * (parents < 0)).sum(1)
+    out[:, 3] = mass.max(1) if w else 0.0
+    # distinct chain nodes (the root included) that siblings hang from: sorted keys, counted where they change
+    keys = np.sort(np.where(sib & (parents < chain), parents + 1, -1), axis=1)
+    out[:, 4] = ((keys[:, 1:] != keys[:, :-1]) & (keys[:, 1:] >= 0)).sum(1) + (keys[:, 0] >= 0)
+    return out

@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -160,3 +161,21 @@ def test_batch_arrays_give_the_same_features_as_draft_objects():
         got = ex.from_arrays(arrays, pos, prompt, hist, padded, np.array([len(t) for t in tails]),
                              {**trees, "row_lengths": described.astype(np.int32)})
         assert np.allclose(got, want, atol=1e-6), name
+
+
+def test_tree_features_match_a_node_by_node_count_on_random_rows():
+    rng = np.random.default_rng(3)
+    b, w = 200, 9
+    parents = np.full((b, w), -1, dtype=np.int32)
+    for j in range(1, w):
+        parents[:, j] = rng.integers(-1, j, size=b)  # any earlier node, or the root
+    rows = {"row_parents": parents, "row_probs": rng.random((b, w))}
+    chain_lens, num_nodes = rng.integers(0, 12, size=b), rng.integers(0, w + 1, size=b)
+    got = tree_features(rows, chain_lens, num_nodes)
+    for i in range(b):
+        cut = min(chain_lens[i], num_nodes[i])
+        sibs = range(cut, num_nodes[i])
+        masses = [rows["row_probs"][i, j] for j in sibs]
+        want = [len(sibs), sum(masses), sum(rows["row_probs"][i, j] for j in sibs if parents[i, j] < 0),
+                max(masses, default=0.0), len({parents[i, j] for j in sibs if parents[i, j] < cut})]
+        assert got[i].tolist() == pytest.approx(want, rel=1e-6), i
