@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
     p.add_argument("--cache-siblings", type=non_negative_int, metavar="S",
                    help="tree-draft nodes a cache row may add to its chain, taken from EAGLE3's share; the labels are "
-                        "that row's payoff (topk > 1, --rows serving; default: 4, and 0 at topk 1 or with --rows dense)")
+                        "that row's payoff and the gate's tree features describe its siblings (topk > 1, --rows serving; "
+                        "default: 4, and 0 at topk 1 or with --rows dense)")
     p.add_argument("--gate-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds tried by calibration (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     p.add_argument("--rule-thresholds", type=float_list, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
