@@ -48,6 +48,7 @@ class TokenIndex:
         self._num_recent = 0
         self._has_stale = False
         self.num_compactions = 0
+        self.dead = 0  # slots (spare room included) of documents removed since the last compaction
 
     # -- documents ---------------------------------------------------------------------
 
@@ -92,11 +93,14 @@ class TokenIndex:
 
     def remove_doc(self, doc: Hashable) -> int:
         """Free a document's slots; returns how many tokens it held."""
-        start, n, _ = self.docs.pop(doc)
+        start, n, cap = self.docs.pop(doc)
         self.arena[start : start + n] = SENTINEL
         self.num_live -= n
+        self.dead += cap + 1
         self._has_stale = True
-        if self.size > 4 * self.pad + 4096 and self.num_live < self.size // 3:
+        # Once freed documents fill half the arena in use (the native index's rule): not on
+        # live tokens against the arena, which documents' spare room makes true after every removal.
+        if self.size > 4 * self.pad + 4096 and 2 * self.dead > self.size:
             self._compact()
         return n
 
@@ -181,4 +185,5 @@ class TokenIndex:
             entry[0] = size
             size += cap + 1
         self.arena, self.stamps, self.size = arena, stamps, size
+        self.dead = 0
         self._rebuild()

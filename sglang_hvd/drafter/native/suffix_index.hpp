@@ -102,7 +102,11 @@ public:
         repair_newest(repair);
         num_live_ -= d.len;
         dead_ += d.cap + 1;
-        if (size_ > 4 * pad_ + 4096 && num_live_ < size_ / 3) compact();
+        // Compact once freed documents fill half the arena in use (amortised: a compaction
+        // costs the live tokens, and at least as many slots were freed since the last one).
+        // Not on live tokens against the arena: documents' spare room (short responses
+        // keep 64 slots) would make that true after every removal.
+        if (size_ > 4 * pad_ + 4096 && 2 * dead_ > size_) compact();
         return d.len;
     }
 
