@@ -56,7 +56,7 @@ class _Recorder:
     def decide(self, view):
         if view.draft.tokens:
             n = len(view.draft.tokens)
-            described = policy.described(n, self.siblings, view.shape.draft_nodes)
+            described = int(policy.described(n, self.siblings, view.shape.draft_nodes))
             self.sink.append((view.state.feature_input(view.draft, view.row.head(described)),
                               accepted_within(view.oracle_path, described), n))
             view.state.record(view.draft.tokens)

@@ -129,10 +129,10 @@ class RequestState:
         return FeatureInput(draft, self.pos, self.num_prompt_tokens, tuple(self.tail), self.history.scalars(), row)
 
 
-def described(chain_len: int, siblings: int, draft_nodes: int) -> int:
+def described(chain_len, siblings, draft_nodes: int):
     """Nodes of a cache row's tree that a decision with ``siblings`` S would verify (its
     tree features describe them; training labels them): min(len(chain) + S, N-1)."""
-    return min(chain_len + siblings, draft_nodes)
+    return np.minimum(chain_len + siblings, draft_nodes)  # ints or arrays of rows
 
 
 def feature_rows(extractor, drafts: dict[str, np.ndarray], states: Sequence[RequestState],
@@ -193,7 +193,7 @@ def _grown(trees: RowTrees, which: np.ndarray, lens: np.ndarray, siblings: np.nd
            "row_probs": np.zeros((b, n)), "row_lengths": np.zeros(b, np.int32)}
     for key in ("row_tokens", "row_parents", "row_probs"):
         out[key][which] = got[key][:, :n]
-    out["row_lengths"][which] = np.minimum(got["row_lengths"], np.minimum(lens[which] + siblings[which], n))
+    out["row_lengths"][which] = np.minimum(got["row_lengths"], described(lens[which], siblings[which], n))
     return out
 
 

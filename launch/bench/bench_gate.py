@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         if r is not current:
             current, state = r, RequestState(r.prompt_ids)
         if step.draft.tokens:
-            row = speculate_row(drafter, r.req_id, n).head(described(len(step.draft), siblings, n)) if siblings else EMPTY_ROW
+            row = speculate_row(drafter, r.req_id, n).head(int(described(len(step.draft), siblings, n))) if siblings else EMPTY_ROW
             rows.append(state.feature_input(step.draft, row))
         state.record(step.draft.tokens)
         state.observe([int(r.output_ids[step.pos])])
