@@ -1,4 +1,4 @@
-"""Write row plans (sglang_hvd/policy.py) into SGLang's EAGLE3 verify input, in place.
+"""Write row plans (sglang_hvd/decision.py) into SGLang's EAGLE3 verify input, in place.
 
 Everything happens on the verify input's device with tensor ops (no host sync: the plan
 reaches the device in one copy from a pinned staging buffer) and no tensor changes
@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
-from sglang_hvd.policy import MAX_TREE_NODES
+from sglang_hvd.verify import MAX_TREE_NODES
 
 QLEN_ONLY, FULL_MASK = 1, 0  # TreeMaskMode values
 
@@ -216,7 +216,7 @@ def rewrite_tree_rows(verify_input, packed: np.ndarray, mask_mode: int, staging:
     # Mask rows of cache and unused nodes; EAGLE3's rows stay as built.
     c = torch.arange(n, device=dev)[None, None, :]
     x = j[:, :, None]
-    col_k = (c - M[:, :, None] - 1).clamp(0, 62)  # the cache node a column holds
+    col_k = (c - M[:, :, None] - 1).clamp(0, MAX_TREE_NODES - 1)  # the cache node a column holds (a bit of its mask)
     ancestor = ((at(c_bits)[:, :, None] >> col_k) & 1).bool() & (c > M[:, :, None]) & (c <= (M + L)[:, :, None])
     cache_row = (c == 0) | ancestor
     unused_row = (c == 0) | (c == x)

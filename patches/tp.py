@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sglang_hvd.policy import no_decision
+from sglang_hvd.decision import BatchPlan
 
 from .rows import pack_plans, packed_width
 
 
 def eagle3_everywhere(bs: int, num_draft_tokens: int) -> np.ndarray:
     """Packed plans that leave every row to EAGLE3."""
-    plans = no_decision(bs, num_draft_tokens - 1)
+    plans = BatchPlan.all_eagle3(bs, num_draft_tokens - 1)
     return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens, plans.cache_parents)
 
 

@@ -2,7 +2,7 @@
 
 Per decode step, before SGLang's own verify (``verify`` is the one override on the hot
 path): bring the cache drafter up to date with every request of the batch, let the
-stepper (drafter + policy.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's
+stepper (drafter + decision.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's
 tree, a cache chain, or both as two branches), and write the plans into
 ``batch.spec_info`` in place (patches/rows.py: tokens only for topk 1; tokens,
 positions, links and mask for topk > 1, with the accept width raised to N).
@@ -131,7 +131,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids)
             self._hvd_reqs[req.rid] = req
         self._hvd_collect_departed(set(rids))
-        plans = self.hvd.decide(rids)
+        plans = self.hvd.plan(rids)
         eagle_rows = None
         if self.hvd.recorder is not None and self.topk == 1:  # the EAGLE3 chains, for the recorded trace
             n = spec.draft_token_num

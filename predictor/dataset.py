@@ -13,16 +13,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sglang_hvd import policy
+from sglang_hvd import decision
 from sglang_hvd.drafter import DrafterConfig, create_drafter
 from sglang_hvd.drafter.row_tree import accepted_within
 from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor
-from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.engine import iter_serving
 from sglang_hvd.replay.labelled import iter_labelled
-from sglang_hvd.replay.policies import CacheOnly, Eagle3Only, Oracle, ScoreRule
+from sglang_hvd.replay.policies import CacheOnlyPolicy, Eagle3OnlyPolicy, OraclePolicy, RulePolicy
 from sglang_hvd.report import progress
 from sglang_hvd.trace import TraceRecord
+from sglang_hvd.verify import VerifyModel
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,45 +41,47 @@ ROW_MODES = ("dense", "serving")
 
 
 class _Recorder:
-    """Wraps a behaviour policy: records the feature input and label of every draft it
-    sees, in the request state its walk built (features are extracted per request, in one
-    batch, by the extractor the gate serves with)."""
+    """Wraps a behaviour policy: records the draft, the state snapshot, the row tree and
+    the label of every draft it sees, in the request state its walk built (features are
+    extracted per request, in one batch, by the extractor the gate serves with)."""
 
     needs_draft = True
     needs_state = True
+    batch_key = None
 
     def __init__(self, inner, sink: list, siblings: int = 0):
         self.inner, self.sink, self.name = inner, sink, f"behaviour:{inner.name}"
         self.siblings = siblings
         self.needs_rows = siblings > 0
 
-    def decide(self, view):
+    def plan(self, view):
         if view.draft.tokens:
             n = len(view.draft.tokens)
-            described = int(policy.described(n, self.siblings, view.shape.draft_nodes))
-            self.sink.append((view.state.feature_input(view.draft, view.row.head(described)),
-                              accepted_within(view.oracle_path, described), n))
+            nodes = int(decision.described(n, self.siblings, view.shape.draft_nodes))
+            self.sink.append((view.draft, view.state.snapshot(), view.row.head(nodes),
+                              accepted_within(view.oracle_path, nodes), n))
             view.state.record(view.draft.tokens)
-        return self.inner.decide(view)
+        return self.inner.plan(view)
 
 
 def _serving_rows(records, drafter, extractor, model, bar, siblings=0):
-    """Rows at the positions serving walks visit, with the history those walks build.
+    """Examples at the positions serving walks visit, with the history those walks build.
 
     Behaviour policies: cache_only, eagle3_only (drafting, never verifying drafts), the
-    score rule at 1.5 and the oracle, so the rows cover the states a gate meets when it
+    score rule at 1.5 and the oracle, so the examples cover the states a gate meets when it
     picks either source.
     """
     sink: list = []
-    behaviour = [CacheOnly(), Eagle3Only(), ScoreRule(1.5), Oracle(model.eagle3_tokens)]
+    behaviour = [CacheOnlyPolicy(), Eagle3OnlyPolicy(), RulePolicy(1.5), OraclePolicy(model.eagle3_tokens)]
     policies = [_Recorder(p, sink, siblings) for p in behaviour]
     for record in records:
         for _ in iter_serving([record], drafter, policies, model):
             pass
-        rows, labels, dlen = zip(*sink) if sink else ((), (), ())
+        drafts, states, trees, labels, dlen = zip(*sink) if sink else ((), (), (), (), ())
         sink.clear()
         bar.update(len(record.output_ids))
-        yield record, extractor(list(rows)), np.array(labels, dtype=np.int32), np.array(dlen, dtype=np.int32)
+        yield (record, extractor.of_rows(drafts, states, trees), np.array(labels, dtype=np.int32),
+               np.array(dlen, dtype=np.int32))
 
 
 def _dense_rows(records, drafter, extractor, model, bar):

@@ -14,9 +14,9 @@ from sglang_hvd.drafter import DrafterConfig
 from sglang_hvd.drafter.native_drafter import default_drafter_name
 from sglang_hvd.gate import Gate
 from sglang_hvd.gate_spec import GateSpec, GateSplit
-from sglang_hvd.policy import DecisionRule
-from sglang_hvd.replay.acceptance import VerifyModel
-from sglang_hvd.replay.cost import CostModel
+from sglang_hvd.cost import CostModel
+from sglang_hvd.decision import DecisionRule
+from sglang_hvd.verify import VerifyModel
 from sglang_hvd.replay.metrics import HIGH_PAYOFF_ACCEPT_LEN
 from sglang_hvd.replay.sweep import (DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, default_cache_siblings,
                                     default_reserves, sweep)

@@ -16,7 +16,7 @@ from sglang_hvd.cli.options import (add_dataclass_flags, add_drafter_flags, add_
 from sglang_hvd.drafter.protocol import DrafterConfig
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.jsonl import write_json
-from sglang_hvd.replay.cost import CostModel
+from sglang_hvd.cost import CostModel
 from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS
 from sglang_hvd.report import format_table
 from sglang_hvd.tokenizer import ChatTokenizer

@@ -10,23 +10,21 @@ A gate directory holds:
 
 Everything is checked at load time (a missing file, a schema mismatch, a graph that does
 not run): a bad gate is an error when the server starts, never at the first decode step.
-How predictions become row plans: policy.py.
+A Gate is a scorer (scorer.py: the Protocol, and the score rule that can serve in its
+place); how its predictions become row plans: decision.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
-import math
 import os
 
 import numpy as np
 
 from .features import FEATURE_NAMES, FeatureExtractor
 from .gate_spec import GateError, GateSpec  # noqa: F401  (GateError: what a bad gate raises)
-from .policy import feature_rows
 
 INPUT_NAME, OUTPUT_NAME = "features", "accept_len"
 
@@ -45,19 +43,7 @@ def gate_digest(model: str | bytes, spec: GateSpec, token_flags: np.ndarray) -> 
     return h.hexdigest()[:16]
 
 
-class _Served:
-    """What every gate-like object shares: ``rule`` and ``verify_model`` set by the class."""
-
-    @property
-    def threshold(self) -> float:
-        return self.rule.threshold
-
-    @property
-    def shape(self):
-        return self.verify_model.shape
-
-
-class Gate(_Served):
+class Gate:
     """Predicts accept_len for a batch of feature rows with one onnxruntime call.
 
     ``spec`` (GateSpec) says what it was trained for; ``rule`` is the decision rule it
@@ -91,15 +77,13 @@ class Gate(_Served):
         self.gate_dir = where
         self.spec = spec
         self.rule = spec.decision if threshold is None else dataclasses.replace(spec.decision, threshold=float(threshold))
-        self.drafter_config = spec.drafter
-        self.verify_model = spec.verify
         if token_flags.ndim != 1 or token_flags.dtype != np.uint16:
             raise GateError(f"{where}: token_flags.npy must be a 1-D uint16 array, got {token_flags.dtype} {token_flags.shape}")
         self.token_flags = token_flags
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
-        # A failing run raises to policy.decide, which falls back, counts and logs once;
+        # A failing run raises to decision.decide, which falls back, counts and logs once;
         # onnxruntime's own error line on every failed step would flood a server's log.
         options.log_severity_level = 4
         try:
@@ -118,60 +102,21 @@ class Gate(_Served):
         self.extractor = FeatureExtractor(self.token_flags, self.drafter_config)
         self.digest = gate_digest(model, spec, token_flags)
 
+    reads_trees = True  # its tree features describe each drafted row's tree (decision.decide grows them first)
+
     @property
     def decision(self) -> str:
         """How rows are chosen, as /server_info and the start-up log say it."""
         return "gate"
 
-    def predict(self, features: np.ndarray) -> np.ndarray:
-        """``[batch, F]`` float32 -> predicted accept_len ``[batch]``."""
-        return self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)})[0].reshape(-1)
-
-    reads_rows = True  # its tree features describe each drafted row's tree (policy.decide grows them first)
-
-    def predict_rows(self, drafts: dict[str, np.ndarray], states, rows: dict[str, np.ndarray] | None = None) -> np.ndarray:
-        """The value ``policy.decide`` compares with the rule's threshold, per row: the
-        predicted accept_len of each cache draft (``drafts``: speculate_arrays output,
-        ``states``: the rows' RequestStates, ``rows``: their row trees cut at the nodes
-        described, None: chain rows)."""
-        return self.predict(feature_rows(self.extractor, drafts, states, rows))
-
-
-class ScoreRuleGate(_Served):
-    """The score rule in the gate's place (ArcticInference's rule, served by HVD): a row
-    verifies its cache draft when the draft's score (sum of its token probabilities) is
-    at least ``min_score``; the rows are built as the gate's would be (its verify shape,
-    drafter settings and EAGLE3 reserve). ``min_score`` None: the gate's calibrated
-    ``rule_threshold`` (the best constant of the chain-only rule on validation).
-
-    One decision path: ``policy.decide`` compares ``predict_rows`` (the scores) with
-    ``rule.threshold``, the largest float below ``min_score`` (score > it <=> score >=
-    min_score), exactly as it compares a gate's predictions.
-
-    Worked example: min_score 3.0; drafts of scores 3.0, 2.5 and none -> a cache row, the
-    EAGLE3 row, the EAGLE3 row.
-    """
-
-    def __init__(self, gate: Gate, min_score: float | None = None):
-        if min_score is None:
-            min_score = gate.spec.rule_threshold
-            if min_score is None:
-                raise GateError(f"{gate.gate_dir}: gate.json has no calibrated rule_threshold; give the score explicitly")
-        if not math.isfinite(min_score):
-            raise GateError(f"the score rule needs a finite minimum score, got {min_score}")
-        self.gate_dir = gate.gate_dir
-        self.spec = gate.spec
-        self.drafter_config = gate.drafter_config
-        self.verify_model = gate.verify_model
-        self.min_score = float(min_score)
-        self.rule = dataclasses.replace(gate.rule, threshold=math.nextafter(self.min_score, -math.inf))
-        self.digest = gate.digest  # the settings it serves with are the gate's
+    @property
+    def drafter_config(self):
+        return self.spec.drafter
 
     @property
-    def decision(self) -> str:
-        return f"score >= {self.min_score:g}"
+    def verify_model(self):
+        return self.spec.verify
 
-    reads_rows = False  # the chain's score alone
-
-    def predict_rows(self, drafts: dict[str, np.ndarray], states, rows: dict[str, np.ndarray] | None = None) -> np.ndarray:
-        return np.asarray(drafts["score"], dtype=np.float64)
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """``[batch, F]`` float32 raw features -> predicted accept_len ``[batch]`` float32."""
+        return self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)})[0].reshape(-1)

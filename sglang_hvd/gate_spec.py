@@ -19,10 +19,10 @@ from typing import Any
 from .drafter.protocol import DrafterConfig
 from .errors import HvdInputError
 from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
-from .policy import DecisionRule
-from .replay.acceptance import VerifyModel
-from .replay.cost import CostModel
+from .cost import CostModel
+from .decision import DecisionRule
 from .trace import TokenizerId
+from .verify import VerifyModel
 
 GATE_FORMAT_VERSION = 2
 FILES = ("gate.onnx", "gate.json", "token_flags.npy")

@@ -6,7 +6,7 @@ the nodes form a chain of ``num_steps`` (S) tokens (N = S + 1). With topk K > 1 
 form a tree: EAGLE3 expands K branches for S steps and keeps the N-1 best-scoring
 candidates, so ``N - 1 <= K + (S - 1) * K**2`` (SGLang's own bound).
 
-HVD rewrites chosen rows into one of three shapes (policy.RowPlan):
+HVD rewrites chosen rows into one of three shapes (RowPlan):
   the EAGLE3 tree      untouched: N-1 EAGLE3 nodes
   a cache chain        L <= N-1 cache tokens, nothing else
   a two-branch row     L cache tokens and EAGLE3's first M nodes under the same root,
@@ -17,7 +17,8 @@ EAGLE3's yield (tokens per verify, bonus included) as a function of the draft no
 keeps is the ``Eagle3Curve``: points ``nodes:tokens``, linear between them, flat after
 the last, 1.0 at 0 nodes (the bonus token alone). Replay has no EAGLE3 model, so this
 curve *is* EAGLE3 in replay; the decision module reads it too (an EAGLE3 row is worth
-curve(N-1) tokens). Measure yours: tokens per verify of an EAGLE3-only server at each
+curve(N-1) tokens). VerifyModel (the shape and the curve) says what one verify of a row
+plan emits; replay, calibration and the gate's spec use it. Measure yours: tokens per verify of an EAGLE3-only server at each
 ``--speculative-num-draft-tokens``.
 
 Default curve: 1.75 at 3 nodes is the HVD paper's EAGLE3 figure on these workloads
@@ -31,6 +32,27 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+
+CACHE, EAGLE3, GREEDY = "cache", "eagle3", "greedy"  # RowPlan.kind
+MAX_TREE_NODES = 63  # draft nodes per row the worker's tree rows handle (one int64 ancestor mask per node)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowPlan:
+    """One row's shape: ``cache_len`` cache tokens, ``eagle_nodes`` EAGLE3 nodes.
+
+    (0, N-1): the EAGLE3 tree; (L, 0): a cache chain; (L, M): two branches; (0, 0): a
+    plain step (no draft at all; replay's greedy and cache_only without a draft).
+    """
+
+    cache_len: int
+    eagle_nodes: int
+
+    @property
+    def kind(self) -> str:
+        if self.cache_len:
+            return CACHE
+        return EAGLE3 if self.eagle_nodes else GREEDY
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,3 +174,47 @@ class Eagle3Stream:
         before = math.floor(self.credit + 1e-9)
         self.credit += mean
         return math.floor(self.credit + 1e-9) - before
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VerifyModel:
+    """What a verify step yields, modelled (replay, calibration, the gate's labels).
+
+    A row's plan holds L cache tokens and M EAGLE3 nodes. Under greedy verification the
+    cache branch's accepted length is exact: a = min(LCP(draft, recorded output), L).
+    SGLang's tree verify tries the cache branch first (it is the root's first child), so
+
+      a >= 1                 the cache branch: a + 1 tokens (the bonus token included)
+      a == 0 and M > 0       EAGLE3's branch: a draw from the EAGLE3 curve at M nodes
+      a == 0 and M == 0      the bonus token alone: 1
+
+    Replay has no EAGLE3 draft model: an EAGLE3 branch yields whole tokens realising the
+    curve's mean (Eagle3Stream, one stream per request and policy, so every policy sees
+    the same realisation for the same node counts).
+    """
+
+    shape: VerifyShape = VerifyShape()
+    eagle3: Eagle3Curve = Eagle3Curve()
+
+    @property
+    def eagle3_tokens(self) -> float:
+        """Expected tokens of an untouched EAGLE3 row (its N-1 nodes)."""
+        return self.eagle3.tokens(self.shape.draft_nodes)
+
+    def cache_accept_len(self, accept_len: int) -> int:
+        """What a cache chain of the whole row accepts of a draft whose LCP is accept_len."""
+        return min(accept_len, self.shape.draft_nodes)
+
+    def out_len(self, plan: RowPlan, accept_len: int, stream: Eagle3Stream) -> int:
+        """Tokens one verify emits for ``plan`` when the cache draft's LCP is ``accept_len``."""
+        a = min(accept_len, plan.cache_len)
+        if a or not plan.eagle_nodes:
+            return a + 1
+        return stream.draw(self.eagle3.tokens(plan.eagle_nodes))
+
+    def to_json(self) -> dict:
+        return {"shape": self.shape.to_json(), "eagle3_curve": self.eagle3.text()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> VerifyModel:
+        return cls(VerifyShape.from_json(d["shape"]), Eagle3Curve.parse(d["eagle3_curve"]))

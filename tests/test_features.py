@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -12,8 +11,10 @@ from hypothesis import strategies as st
 
 from sglang_hvd.drafter import Draft, DrafterConfig, create_drafter
 from sglang_hvd.drafter.protocol import DraftTree
-from sglang_hvd.drafter.row_tree import RowTree, row_tree, rows_to_arrays
-from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, FeatureInput, RequestHistory, tree_features
+from sglang_hvd.drafter.batch import RowTreeBatch
+from sglang_hvd.drafter.row_tree import row_tree
+from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, tree_features
+from sglang_hvd.request_state import RequestHistory, StateSnapshot
 from sglang_hvd.replay.labelled import iter_labelled
 from sglang_hvd.token_flags import FLAG_BITS, FLAG_NAMES, build_token_flags, flags_of
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
@@ -52,8 +53,8 @@ def test_feature_row_literal_values():
     ex = FeatureExtractor(FLAGS, DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0))
     draft = Draft(tokens=(2, 3, 7), probs=(0.5, 0.5, 0.25), child_counts=(4, 4, 2), score=1.25, match_len=5,
                   match_count=8, tree="local")
-    row = FeatureInput(draft, pos=9, num_prompt_tokens=91, tail=[0, 1, 4], history=[0.0] * 12)
-    x = ex([row, FeatureInput(Draft(), 0, 5, [], [0.0] * 12)])
+    x = ex.of_rows([draft, Draft()], [StateSnapshot(pos=9, num_prompt_tokens=91, tail=(0, 1, 4), history=(0.0,) * 12),
+                                      StateSnapshot(0, 5, (), (0.0,) * 12)])
     assert x.shape == (2, len(FEATURE_NAMES)) and x.dtype == np.float32
     f = dict(zip(FEATURE_NAMES, x[0].tolist()))
     assert (f["draft_len"], f["match_len"], f["is_local_tree"]) == (3.0, 5.0, 1.0)
@@ -80,28 +81,21 @@ def test_tree_features_of_the_docstring_example_and_none_for_a_chain_row():
     tree = DraftTree(tokens=(5, 9, 7, 4, 8), parents=(-1, -1, 0, 0, 2), probs=(0.5, 0.25, 0.375, 0.125, 0.25))
     row = row_tree(chain, tree, 3 + 2)  # S = 2 siblings: 9 under the root, 4 under node 0
     assert (row.tokens, row.parents) == ((5, 7, 8, 9, 4), (-1, 0, 1, -1, 0))
-    x = ex([FeatureInput(chain, 4, 20, [1], [0.0] * 12, row), FeatureInput(chain, 4, 20, [1], [0.0] * 12),
-            FeatureInput(chain, 4, 20, [1], [0.0] * 12, row.head(4))])
+    state = StateSnapshot(4, 20, (1,), (0.0,) * 12)
+    x = ex.of_rows([chain] * 3, [state] * 3, [row, row.head(0), row.head(4)])
     names = ["tree_siblings", "tree_sibling_mass", "tree_root_alt_mass", "tree_best_sibling_prob", "tree_branch_points"]
     tree_cols = [COL[n] for n in names]
     assert x[0, tree_cols].tolist() == [2.0, 0.375, 0.25, 0.25, 2.0]
     assert x[1, tree_cols].tolist() == [0.0] * 5  # a chain row (S = 0) has no siblings
     assert x[2, tree_cols].tolist() == [1.0, 0.25, 0.25, 0.25, 1.0]  # S = 1: only 9
     assert np.array_equal(x[0, : tree_cols[0]], x[1, : tree_cols[0]])  # the other groups do not see the tree
-    # the serving path: batch arrays cut at the nodes described (row_lengths)
-    arrays = rows_to_arrays([row, row], 15)
-    arrays["row_lengths"][1] = 4
-    assert tree_features(arrays, np.array([3, 3]), arrays["row_lengths"]).tolist() == [x[0, tree_cols].tolist(),
-                                                                                       x[2, tree_cols].tolist()]
+    # the serving path: a batch of whole row trees, cut at the nodes described
+    trees = RowTreeBatch.of([row, row], 15)
+    assert tree_features(trees, np.array([3, 3]), np.array([5, 4])).tolist() == [x[0, tree_cols].tolist(),
+                                                                                 x[2, tree_cols].tolist()]
     # a chain cut short by the row: nodes past the cut are not the chain's; 9 under the root is a sibling
     cut = row_tree(chain, tree, 2)
-    assert tree_features(rows_to_arrays([cut], 2), np.array([3]), np.array([2])).tolist() == [[0.0] * 5]
-
-
-def row_of_arrays(trees, i):
-    n = int(trees["row_lengths"][i])
-    return RowTree(tuple(trees["row_tokens"][i, :n].tolist()), tuple(trees["row_parents"][i, :n].tolist()),
-                   tuple(trees["row_probs"][i, :n].tolist()))
+    assert tree_features(RowTreeBatch.of([cut], 2), np.array([3]), np.array([2])).tolist() == [[0.0] * 5]
 
 
 def _records(prefix, suffix, prompt):
@@ -127,40 +121,40 @@ def test_changing_tokens_after_p_changes_no_feature_of_p(prompt, prefix, tail_a,
     assert np.array_equal(rows[0][1], rows[1][1])
 
 
-def test_batch_arrays_give_the_same_features_as_draft_objects():
-    """The serving path (drafter arrays) and the replay path (Draft objects) agree."""
+def test_rows_gathered_one_by_one_and_a_drafters_batch_give_the_same_features():
+    """Training (drafts and state snapshots gathered row by row, FeatureExtractor.of_rows)
+    and serving (the drafter's DraftBatch and RowTreeBatch, StateBatch.of) share one
+    front-end; the inputs they pack must agree too."""
     from sglang_hvd.drafter import available_drafters
+    from sglang_hvd.request_state import RequestState, StateBatch
 
     rng = np.random.default_rng(1)
     ex = FeatureExtractor(FLAGS, DrafterConfig(max_depth=10))
     for name in available_drafters():
         d = create_drafter(name, DrafterConfig(max_depth=10))
         ids = [f"r{i}" for i in range(6)]
+        states = []
         for r in ids:
-            d.start_request(r, rng.integers(0, 10, size=30))
-            d.append(r, rng.integers(0, 10, size=int(rng.integers(0, 8))))
-        drafts, arrays = d.speculate_batch(ids), d.speculate_arrays(ids)
+            prompt = rng.integers(0, 10, size=30)
+            d.start_request(r, prompt)
+            states.append(RequestState(prompt))
+            out = rng.integers(0, 10, size=int(rng.integers(0, 8))).tolist()
+            d.append(r, out)
+            states[-1].record((1, 2))
+            states[-1].observe(out)
+        drafts, batch = d.speculate_batch(ids), d.speculate_arrays(ids)
         assert sum(len(x.tokens) > 0 for x in drafts) >= 3  # the comparison covers real drafts
-        pos = rng.integers(0, 50, size=6)
-        prompt = rng.integers(1, 500, size=6)
-        hist = rng.random((6, 12)).astype(np.float32)
-        tails = [list(rng.integers(0, 10, size=int(k))) for k in (0, 3, 8, 8, 1, 5)]
-        padded = np.full((6, 8), -1)
-        for i, t in enumerate(tails):
-            padded[i, : len(t)] = t
-        rows = [FeatureInput(drafts[i], int(pos[i]), int(prompt[i]), tails[i], hist[i].tolist()) for i in range(6)]
-        want = ex(rows)
-        got = ex.from_arrays(arrays, pos, prompt, hist, padded, np.array([len(t) for t in tails]))
-        assert np.allclose(got, want, atol=1e-6), name
+        want = ex.of_rows(drafts, [s.snapshot() for s in states])
+        got = ex.features(batch, StateBatch.of(states))
+        assert np.array_equal(got, want), name
         # with row trees of the chain and 3 siblings each, cut at 7 nodes
         trees = d.speculate_rows(ids, 9)
-        described = np.minimum(np.minimum(trees["row_lengths"], arrays["lengths"] + 3), 7)
-        with_rows = [dataclasses.replace(r, row=row_of_arrays(trees, i).head(int(described[i]))) for i, r in enumerate(rows)]
-        assert sum(len(r.row) > len(r.draft.tokens) for r in with_rows) >= 2  # rows with siblings
-        want = ex(with_rows)
-        got = ex.from_arrays(arrays, pos, prompt, hist, padded, np.array([len(t) for t in tails]),
-                             {**trees, "row_lengths": described.astype(np.int32)})
-        assert np.allclose(got, want, atol=1e-6), name
+        described = np.minimum(np.minimum(trees.lengths, batch.lengths + 3), 7)
+        rows = [trees.row(i).head(int(described[i])) for i in range(6)]
+        assert sum(len(r) > len(x.tokens) for r, x in zip(rows, drafts)) >= 2  # rows with siblings
+        want = ex.of_rows(drafts, [s.snapshot() for s in states], rows)
+        got = ex.features(batch, StateBatch.of(states), trees.scatter(np.arange(6), 6, 9, described))
+        assert np.array_equal(got, want), name
 
 
 def test_tree_features_match_a_node_by_node_count_on_random_rows():
@@ -169,13 +163,14 @@ def test_tree_features_match_a_node_by_node_count_on_random_rows():
     parents = np.full((b, w), -1, dtype=np.int32)
     for j in range(1, w):
         parents[:, j] = rng.integers(-1, j, size=b)  # any earlier node, or the root
-    rows = {"row_parents": parents, "row_probs": rng.random((b, w))}
+    probs = rng.random((b, w))
+    trees = RowTreeBatch(np.zeros((b, w), np.int32), parents, probs, np.full(b, w, np.int32))
     chain_lens, num_nodes = rng.integers(0, 12, size=b), rng.integers(0, w + 1, size=b)
-    got = tree_features(rows, chain_lens, num_nodes)
+    got = tree_features(trees, chain_lens, num_nodes)
     for i in range(b):
         cut = min(chain_lens[i], num_nodes[i])
         sibs = range(cut, num_nodes[i])
-        masses = [rows["row_probs"][i, j] for j in sibs]
-        want = [len(sibs), sum(masses), sum(rows["row_probs"][i, j] for j in sibs if parents[i, j] < 0),
+        masses = [probs[i, j] for j in sibs]
+        want = [len(sibs), sum(masses), sum(probs[i, j] for j in sibs if parents[i, j] < 0),
                 max(masses, default=0.0), len({parents[i, j] for j in sibs if parents[i, j] < cut})]
         assert got[i].tolist() == pytest.approx(want, rel=1e-6), i

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from conftest import shared_file
 from sglang_hvd.cli.main import main as hvd
 from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.policy import RowPlan
-from sglang_hvd.replay.acceptance import VerifyModel
+from sglang_hvd.verify import RowPlan
+from sglang_hvd.verify import VerifyModel
 from sglang_hvd.verify import Eagle3Curve, Eagle3Stream, VerifyShape
 from sglang_hvd.replay.engine import ReconstructionError, accept_len, iter_dense, iter_serving
 from sglang_hvd.replay.policies import PolicyOptions, make_policies

@@ -70,15 +70,15 @@ def test_speculate_rows_pack_each_rows_tree_and_leave_rows_without_a_chain_empty
     assert drafter.speculate("a").tokens == (3, 8, 1, 2, 4, 7, 9, 1)
     rows = drafter.speculate_rows(["a", "b"], 10)
     # the chain's 8 nodes, then the tree's 4 under the root and its 7
-    assert rows["row_lengths"].tolist() == [10, 0]
-    assert rows["row_tokens"][0].tolist() == [3, 8, 1, 2, 4, 7, 9, 1, 4, 7]
-    assert rows["row_parents"][0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6, -1, 8]
-    assert rows["row_tokens"][1].tolist() == [-1] * 10
+    assert rows.lengths.tolist() == [10, 0]
+    assert rows.tokens[0].tolist() == [3, 8, 1, 2, 4, 7, 9, 1, 4, 7]
+    assert rows.parents[0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6, -1, 8]
+    assert rows.tokens[1].tolist() == [-1] * 10
     # path probabilities: "1 2" occurs 4 times (the last the context itself): 3 in 2 of them,
     # certain to 2, then 4 in half of "3 8 1 2"; the sibling 4 in 1 of 4, certain to 7
-    assert rows["row_probs"][0].tolist() == [0.5] * 4 + [0.25] * 6
-    assert rows["row_probs"][1].tolist() == [0.0] * 10
-    assert drafter.speculate_rows(["a"], 3)["row_tokens"].tolist() == [[3, 8, 1]]  # the chain fills a short row
+    assert rows.probs[0].tolist() == [0.5] * 4 + [0.25] * 6
+    assert rows.probs[1].tolist() == [0.0] * 10
+    assert drafter.speculate_rows(["a"], 3).tokens.tolist() == [[3, 8, 1]]  # the chain fills a short row
 
 
 @pytest.mark.parametrize("impl", ["native", "python"])
@@ -86,10 +86,10 @@ def test_a_row_follows_the_chain_of_now_after_another_request_changed_the_global
     drafter = create_drafter(impl, DrafterConfig(max_spec_factor=4.0, max_spec_offset=0.0))
     drafter.start_request("a", [1, 2, 3, 8, 1, 2])
     assert drafter.speculate("a").tokens == (3, 8, 1, 2)  # from its own tree
-    assert drafter.speculate_rows(["a"], 4)["row_tokens"].tolist() == [[3, 8, 1, 2]]
+    assert drafter.speculate_rows(["a"], 4).tokens.tolist() == [[3, 8, 1, 2]]
     # b's response makes "1 2 -> 5 5 5 5 5" the global tree's best continuation (score 4 > 2)
     drafter.start_request("b", [9])
     drafter.append("b", [1, 2, 5, 5, 5, 5, 5, 1, 2, 5, 5, 5, 5, 5, 1, 2, 5, 5, 5, 5, 5])
     # (no speculate since: a chain remembered from before the change must not be reused)
-    assert drafter.speculate_rows(["a"], 4)["row_tokens"].tolist() == [[5, 5, 5, 5]]
+    assert drafter.speculate_rows(["a"], 4).tokens.tolist() == [[5, 5, 5, 5]]
     assert drafter.speculate("a").tokens[:4] == (5, 5, 5, 5)

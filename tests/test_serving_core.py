@@ -14,18 +14,20 @@ from sglang_hvd.errors import HvdInputError
 from sglang_hvd.replay.engine import accept_len
 from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.recorder import TraceRecorder
-from sglang_hvd.policy import DecisionRule, RequestState, RowPlan, decide
-from sglang_hvd.replay.acceptance import VerifyModel
+from sglang_hvd.decision import DecisionRule, decide
+from sglang_hvd.request_state import RequestState
 from sglang_hvd.replay.engine import iter_serving
 from sglang_hvd.replay.fleet import serve_fleet
-from sglang_hvd.replay.policies import GatePolicy, ScoreRule
+from sglang_hvd.replay.policies import GatePolicy, RulePolicy
 from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.serving.stepper import HVDStepper
 from sglang_hvd.features import FeatureExtractor
-from sglang_hvd.gate import Gate, ScoreRuleGate
-from sglang_hvd.drafter.protocol import Draft, drafts_to_arrays
+from sglang_hvd.gate import Gate
+from sglang_hvd.scorer import ScoreRule
+from sglang_hvd.drafter.batch import DraftBatch
+from sglang_hvd.drafter.protocol import Draft
 from sglang_hvd.trace import TokenizerId, TraceRecord, iter_traces, token_array
-from sglang_hvd.verify import Eagle3Stream, VerifyShape
+from sglang_hvd.verify import Eagle3Stream, RowPlan, VerifyModel, VerifyShape
 
 
 def test_config_round_trips_through_the_environment():
@@ -62,11 +64,11 @@ def test_bad_environment_is_named(env, message):
 
 
 class FailingGate:
+    reads_trees = False
+
     def __init__(self, real):
         self.extractor = real.extractor
         self.rule = real.rule
-
-    predict_rows = Gate.predict_rows  # the real gate's: features, then predict
 
     def predict(self, x):
         raise RuntimeError("onnxruntime exploded")
@@ -90,7 +92,7 @@ def test_stepper_serves_losslessly_and_records_replayable_traces(demo_dir, demo_
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:40]
     recorder = TraceRecorder(str(tmp_path / "served.jsonl"))
     rule = dataclasses.replace(demo_gate.rule, cache_siblings=siblings)
-    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), demo_gate, demo_gate.shape, rule=rule,
+    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), demo_gate, demo_gate.verify_model.shape, rule=rule,
                          recorder=recorder, tokenizer=records[0].tokenizer)
     emitted = serve(records, stepper, demo_gate.verify_model)
     recorder.close()
@@ -122,16 +124,16 @@ def test_server_and_replay_make_the_same_decisions_step_by_step(demo_dir, demo_g
     served = []
     stepper = HVDStepper(create_drafter("native", demo_gate.drafter_config), demo_gate, model.shape, rule=rule)
     trees = []  # rows whose cache branch is not a chain
-    decide = stepper.decide
+    plan = stepper.plan
 
     def logged(rids):
-        plans = decide(rids)
+        plans = plan(rids)
         for i in range(len(rids)):
             n = int(plans.cache_lens[i])
             trees.append(plans.cache_parents[i, :n].tolist() != list(range(-1, n - 1)))
         return plans
 
-    stepper.decide = logged
+    stepper.plan = logged
     serve(records, stepper, model, concurrency=1, log=served)
     assert (sum(trees) > 100) == (siblings > 0)
     policy = GatePolicy(demo_gate, rule)
@@ -148,20 +150,20 @@ def test_server_and_replay_make_the_same_decisions_step_by_step(demo_dir, demo_g
 
 def test_the_served_score_rule_is_replays_rule_at_topk_1(demo_dir, demo_gate):
     """--hvd-score-rule: the serving decision with draft scores in the gate's place. On
-    chains it verifies exactly the rows of replay's score rule (ScoreRule), so both
+    chains it verifies exactly the rows of replay's score rule (RulePolicy), so both
     replays give the same cycles, and the stepper plans the same rows."""
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:40]
     model = VerifyModel(VerifyShape(1, 3, 4), demo_gate.verify_model.eagle3)
-    served_rule = ScoreRuleGate(demo_gate, 2.0)
+    served_rule = ScoreRule(demo_gate, 2.0)
     assert served_rule.decision == "score >= 2" and served_rule.digest == demo_gate.digest
     gated = GatePolicy(served_rule, served_rule.rule, "rule")
-    baseline = ScoreRule(2.0)
+    baseline = RulePolicy(2.0)
     result = simulate(records, create_drafter("native", demo_gate.drafter_config), [gated, baseline], model)
     a, b = result.overall.policy("rule").to_json(), result.overall.policy("rule@2").to_json()
     assert a["cycles_per_1k"] == b["cycles_per_1k"] and a["cache_pick_rate"] == b["cache_pick_rate"] > 0.1
     # A score of exactly the minimum is taken (>=), one just below is not.
-    arrays = drafts_to_arrays([Draft((5, 6), (1.0, 1.0), (1, 1), 2.0, 2, 2, "local"),
-                               Draft((5, 6), (1.0, 0.99), (1, 1), 1.99, 2, 2, "local"), Draft()], 4)
+    arrays = DraftBatch.of([Draft((5, 6), (1.0, 1.0), (1, 1), 2.0, 2, 2, "local"),
+                           Draft((5, 6), (1.0, 0.99), (1, 1), 1.99, 2, 2, "local"), Draft()], 4)
     plans = decide(served_rule, arrays, [RequestState([1, 2]) for _ in range(3)], model.shape, served_rule.rule)
     assert plans.use_cache.tolist() == [True, False, False]
     assert plans.predicted[:2].tolist() == pytest.approx([2.0, 1.99])
@@ -169,7 +171,7 @@ def test_the_served_score_rule_is_replays_rule_at_topk_1(demo_dir, demo_gate):
 
 def test_a_gate_failing_at_run_time_falls_back_to_eagle3(demo_dir, demo_gate, caplog):
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:6]
-    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), FailingGate(demo_gate), demo_gate.shape)
+    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), FailingGate(demo_gate), demo_gate.verify_model.shape)
     with caplog.at_level("ERROR"):
         emitted = serve(records, stepper, demo_gate.verify_model)
     assert all(emitted[r.req_id] == r.output_ids.tolist() for r in records)
@@ -214,7 +216,7 @@ def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
     st = HVDStepper(create_drafter("python"), None, VerifyShape(1, 3, 4), recorder=rec)
     st.sync("r", [1, 2, 3, 1, 2, 3, 1, 2], [])
-    d = st.decide(["r"])
+    d = st.plan(["r"])
     st.verified(["r"], [3], np.array([[9, 9, 9]]))  # EAGLE3 row (no gate): 3 accepted + bonus = 4 tokens
     st.sync("r", [1, 2, 3, 1, 2, 3, 1, 2], [9, 9, 9, 4])
     st.finish("r", final_output=[9, 9])  # max_new_tokens=2 cut the run
@@ -227,11 +229,10 @@ def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
 
 class Sure:  # a gate that always predicts a long accepted run
     rule = DecisionRule(threshold=1.0, eagle_reserve=3)
+    reads_trees = False
 
     def __init__(self, extractor):
         self.extractor = extractor
-
-    predict_rows = Gate.predict_rows  # the real gate's: features, then predict
 
     def predict(self, x):
         return np.full(len(x), 9.0, dtype=np.float32)
@@ -243,13 +244,13 @@ def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
                     VerifyShape(2, 3, 8), recorder=rec)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     st.sync("r", prompt, [])
-    plans = st.decide(["r"])
+    plans = st.plan(["r"])
     # "1 2 3 4 5 1 2 3" recurs: the draft 4 5 1 2 3 is cut to 7 - 3 (the reserve) = 4 tokens.
     assert plans.plan(0) == RowPlan(4, 3)
     assert plans.cache_tokens[0, :4].tolist() == [4, 5, 1, 2]
     st.verified(["r"], [2])  # the tree accepted 2 drafts ...
     st.sync("r", prompt, [7, 8, 9])  # ... EAGLE3's: the cache branch starts with 4, not 7
-    plans = st.decide(["r"])
+    plans = st.plan(["r"])
     st.verified(["r"], [0])
     st.sync("r", prompt, [7, 8, 9, 6])
     st.finish("r")
@@ -267,14 +268,14 @@ def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp
     # after "1 2" the chain says 3 8 1 2 (2 of 3 times), the tree draft also 4 7 (1 of 3)
     prompt = [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]
     st.sync("r", prompt, [])
-    plans = st.decide(["r"])
+    plans = st.plan(["r"])
     assert plans.plan(0) == RowPlan(7, 0)
     assert plans.cache_tokens[0].tolist() == [3, 8, 1, 2, 4, 7, 9]  # the chain's 7 first (capped at N-1)...
     plans_parents = plans.cache_parents[0].tolist()
     assert plans_parents == [-1, 0, 1, 2, 3, 4, 5]  # ... the chain fills the row: no room for siblings
     st.verified(["r"], [0])
     st.sync("r", prompt, [5])
-    st.decide(["r"])  # context ... 1 2 5: no draft
+    st.plan(["r"])  # context ... 1 2 5: no draft
     st.verified(["r"], [0])
     st.sync("r", prompt, [5, 1])
     st.finish("r")
@@ -282,7 +283,7 @@ def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp
     st2 = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)), st.gate, VerifyShape(2, 3, 8),
                      rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4), recorder=rec)
     st2.sync("q", prompt, [])
-    plans = st2.decide(["q"])
+    plans = st2.plan(["q"])
     n = int(plans.cache_lens[0])
     assert plans.cache_tokens[0, :n].tolist() == [3, 8, 4, 7] and plans.cache_parents[0, :n].tolist() == [-1, 0, -1, 2]
     assert plans.plan(0) == RowPlan(4, 3)

@@ -262,7 +262,7 @@ def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify)
     assert stats["gate_digest"] == w.hvd.gate.digest and len(stats["gate_digest"]) == 16
     assert (stats["gate_threshold"], stats["gate_eagle_reserve"]) == (w.hvd.rule.threshold, w.hvd.rule.eagle_reserve)
     assert stats["verify_shape"] == w.hvd_shape.describe()
-    from sglang_hvd.policy import DecisionRule
+    from sglang_hvd.decision import DecisionRule
 
     w.hvd.rule = DecisionRule(-math.inf, 0)  # cache_only serving: /server_info must stay strict JSON
     assert json.loads(json.dumps(w.hvd_stats(), allow_nan=False))["gate_threshold"] == "-inf"

@@ -9,7 +9,7 @@ from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import atomic_output, write_json
-from ..policy import DecisionRule
+from ..decision import DecisionRule
 from ..replay.metrics import COLUMNS, table_row
 from ..replay.policies import GatePolicy, PolicyOptions, make_policies
 from ..replay.simulate import simulate
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hvd eval",
         description=(
-            "Serving-mode replay of the learned gate (hvd: the serving decision, policy.decide) against greedy, "
+            "Serving-mode replay of the learned gate (hvd: the serving decision, decision.decide) against greedy, "
             "eagle3_only, cache_only, the score rule (its constant as chosen at training) and the choose-one "
             "oracle (the cache chain exactly when its true accept_len + 1 beats EAGLE3's expected tokens) and, at "
             "topk > 1, cache_tree and the tree oracle (the same with the row tree: the chain, then siblings from the "

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from ..drafter.protocol import DrafterConfig
 from ..errors import HvdInputError
-from ..replay.acceptance import VerifyModel
+from ..verify import VerifyModel
 from ..verify import Eagle3Curve, VerifyShape
 
 T = TypeVar("T")

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree, as_token_array
+from .batch import TREE_CODES, TREE_NAMES, DraftBatch, RowTreeBatch
+from .protocol import Draft, DrafterConfig, DraftTree, as_token_array
 from .registry import register_drafter
 
 log = logging.getLogger(__name__)
-_TREES = {0: "", 1: LOCAL_TREE, 2: GLOBAL_TREE}
-_TREE_CODES = {name: code for code, name in _TREES.items()}
 
 try:
     from . import _native
@@ -105,44 +104,31 @@ class NativeDrafter:
         if not tokens:
             return Draft()
         return Draft(tokens=tokens, probs=probs, child_counts=counts, score=score, match_len=match_len,
-                     match_count=match_count, tree=_TREES[tree])
+                     match_count=match_count, tree=TREE_NAMES[tree])
 
     def speculate_tree(self, req_id: str, max_nodes: int, like: Draft | None = None) -> DraftTree:
         """A tree draft of at most ``max_nodes`` nodes (DraftTree); ``like``: only from the
         occurrence set that chain draft was drawn from (its tree and match length)."""
-        only_tree, only_p = (_TREE_CODES[like.tree], like.match_len) if like is not None and like.tokens else (0, 0)
+        only_tree, only_p = (TREE_CODES[like.tree], like.match_len) if like is not None and like.tokens else (0, 0)
         tokens, parents, probs, counts, score, match_len, match_count, tree = self._core.speculate_tree(
             self._running(req_id), max_nodes, only_tree, only_p)
         if not tokens:
             return DraftTree()
         return DraftTree(tokens=tokens, parents=parents, probs=probs, child_counts=counts, score=score,
-                         match_len=match_len, match_count=match_count, tree=_TREES[tree])
+                         match_len=match_len, match_count=match_count, tree=TREE_NAMES[tree])
 
-    def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """Drafts of a decode batch as arrays (GIL released): tokens/probs/child_counts
-        [B, max_spec_tokens] padded with -1 / 0; lengths, match_len, match_count, score,
-        tree (0 none, 1 local, 2 global) [B]."""
-        return self._core.speculate_batch(np.array([self._running(r) for r in req_ids], dtype=np.int64))
+    def speculate_arrays(self, req_ids: Sequence[str]) -> DraftBatch:
+        """Drafts of a decode batch (GIL released), padded to max_spec_tokens."""
+        return DraftBatch(**self._core.speculate_batch(self._handles_of(req_ids)))
 
-    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> dict[str, np.ndarray]:
-        """The row trees of a batch as arrays (row_tree.py; GIL released): row_tokens /
-        row_parents [B, max_nodes] (-1 padded), row_probs [B, max_nodes] (0 padded),
-        row_lengths [B]."""
-        return self._core.speculate_rows(np.array([self._running(r) for r in req_ids], dtype=np.int64), max_nodes)
+    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> RowTreeBatch:
+        """The row trees of a batch (row_tree.py; GIL released), padded to ``max_nodes``."""
+        a = self._core.speculate_rows(self._handles_of(req_ids), max_nodes)
+        return RowTreeBatch(a["row_tokens"], a["row_parents"], a["row_probs"], a["row_lengths"])
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
-        a = self.speculate_arrays(req_ids)
-        out = []
-        for i in range(len(req_ids)):
-            n = int(a["lengths"][i])
-            if not n:
-                out.append(Draft())
-                continue
-            out.append(Draft(tokens=tuple(a["tokens"][i, :n].tolist()), probs=tuple(a["probs"][i, :n].tolist()),
-                             child_counts=tuple(a["child_counts"][i, :n].tolist()), score=float(a["score"][i]),
-                             match_len=int(a["match_len"][i]), match_count=int(a["match_count"][i]),
-                             tree=_TREES[int(a["tree"][i])]))
-        return out
+        batch = self.speculate_arrays(req_ids)
+        return [batch.draft(i) for i in range(len(batch))]
 
     def context(self, req_id: str) -> np.ndarray:
         return self._core.context(self._running(req_id))
@@ -154,6 +140,9 @@ class NativeDrafter:
                 "bytes_per_token": nbytes / max(1, cached + local), "evicted_responses": float(self._core.evicted()),
                 "compactions": float(self._core.compactions()),
                 "reused_prompt_tokens": float(self._core.reused_prompt_tokens())}
+
+    def _handles_of(self, req_ids: Sequence[str]) -> np.ndarray:
+        return np.array([self._running(r) for r in req_ids], dtype=np.int64)
 
     def _running(self, req_id: str) -> int:
         h = self._handles.get(req_id)

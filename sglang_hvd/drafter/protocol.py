@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .batch import DraftBatch, RowTreeBatch
 
 LOCAL_TREE = "local"  # the request's own prompt + output
 GLOBAL_TREE = "global"  # responses of earlier and running requests
@@ -176,29 +179,6 @@ def as_token_array(ids: Sequence[int] | np.ndarray) -> np.ndarray:
     if arr.size and arr.min() < 0:
         raise ValueError("token ids must be non-negative")
     return arr
-_TREE_CODES = {"": 0, LOCAL_TREE: 1, GLOBAL_TREE: 2}
-
-
-def drafts_to_arrays(drafts: Sequence[Draft], width: int) -> dict[str, np.ndarray]:
-    """Pack drafts as ``speculate_arrays`` returns them: tokens/probs/child_counts
-    [B, width] padded with -1 / 0 / 0; lengths, match_len, match_count, score and tree
-    (0 none, 1 local, 2 global) [B]."""
-    b = len(drafts)
-    out = {
-        "tokens": np.full((b, width), -1, dtype=np.int32), "probs": np.zeros((b, width)),
-        "child_counts": np.zeros((b, width), dtype=np.int64), "lengths": np.zeros(b, dtype=np.int32),
-        "match_len": np.zeros(b, dtype=np.int32), "match_count": np.zeros(b, dtype=np.int64),
-        "score": np.zeros(b), "tree": np.zeros(b, dtype=np.int32),
-    }
-    for i, d in enumerate(drafts):
-        n = len(d.tokens)
-        out["tokens"][i, :n] = d.tokens
-        out["probs"][i, :n] = d.probs
-        out["child_counts"][i, :n] = d.child_counts
-        out["lengths"][i], out["match_len"][i], out["match_count"][i] = n, d.match_len, d.match_count
-        out["score"][i], out["tree"][i] = d.score, _TREE_CODES[d.tree]
-    return out
-
 
 @runtime_checkable
 class Drafter(Protocol):
@@ -207,12 +187,12 @@ class Drafter(Protocol):
     start_request(req_id, prompt)   index the prompt; open the request's running response
     append(req_id, tokens)          tokens the request emitted (accepted + bonus)
     speculate(req_id) -> Draft      a draft for the next tokens of the request
-    speculate_arrays(req_ids)       the drafts of a decode batch as arrays (drafts_to_arrays)
+    speculate_arrays(req_ids)       the drafts of a decode batch (batch.DraftBatch)
     speculate_tree(req_id, B[, like])
                                     a tree draft of at most B nodes (DraftTree); like=chain:
                                     only from the occurrence set that chain came from
-    speculate_rows(req_ids, B)      the batch's row trees of at most B nodes as arrays
-                                    (row_tree.py: the chain, then the tree draft's siblings)
+    speculate_rows(req_ids, B)      the batch's row trees of at most B nodes (batch.RowTreeBatch;
+                                    row_tree.py: the chain, then the tree draft's siblings)
     append_batch(req_ids, tokens)   append for a whole batch in one call
     finish_request(req_id)          drop the request's own tree; its response stays cached
     reset()                         forget everything (SGLang's flush_cache)
@@ -229,11 +209,11 @@ class Drafter(Protocol):
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]: ...
 
-    def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+    def speculate_arrays(self, req_ids: Sequence[str]) -> DraftBatch: ...
 
     def speculate_tree(self, req_id: str, max_nodes: int, like: Draft | None = None) -> DraftTree: ...
 
-    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> dict[str, np.ndarray]: ...
+    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> RowTreeBatch: ...
 
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None: ...
 

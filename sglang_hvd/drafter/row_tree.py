@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import numpy as np
 
 from .protocol import Draft, DraftTree
 
@@ -136,28 +135,9 @@ def chain_path(accept_len: int) -> tuple[int, ...]:
     return tuple(range(accept_len))
 
 
-def rows_to_arrays(rows: Sequence[RowTree], width: int) -> dict[str, np.ndarray]:
-    """Row trees as arrays (what ``speculate_rows`` returns): ``row_tokens`` /
-    ``row_parents`` [B, width] int32 (-1 padded), ``row_probs`` [B, width] float64 (0
-    padded) and ``row_lengths`` [B]."""
-    b = len(rows)
-    out = {"row_tokens": np.full((b, width), -1, dtype=np.int32), "row_parents": np.full((b, width), -1, dtype=np.int32),
-           "row_probs": np.zeros((b, width)), "row_lengths": np.zeros(b, dtype=np.int32)}
-    for i, row in enumerate(rows):
-        n = len(row.tokens)
-        out["row_lengths"][i] = n
-        out["row_tokens"][i, :n] = row.tokens
-        out["row_parents"][i, :n] = row.parents
-        out["row_probs"][i, :n] = row.probs
-    return out
-
-
 def speculate_row(drafter, req_id: str, max_nodes: int) -> RowTree:
     """One request's row tree through the drafter's own ``speculate_rows`` (replay's call)."""
-    a = drafter.speculate_rows([req_id], max_nodes)
-    n = int(a["row_lengths"][0])
-    return RowTree(tuple(a["row_tokens"][0, :n].tolist()), tuple(a["row_parents"][0, :n].tolist()),
-                   tuple(a["row_probs"][0, :n].tolist()))
+    return drafter.speculate_rows([req_id], max_nodes).row(0)
 
 
 def row_of(drafter, req_id: str, max_nodes: int) -> RowTree:

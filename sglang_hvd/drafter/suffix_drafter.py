@@ -16,9 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree, as_token_array, drafts_to_arrays
+from .batch import DraftBatch, RowTreeBatch
+from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree, as_token_array
 from .registry import register_drafter
-from .row_tree import row_of, rows_to_arrays
+from .row_tree import row_of
 from .suffix_match import best_draft, best_tree
 from .token_index import TokenIndex
 
@@ -90,15 +91,15 @@ class SuffixDrafter:
         shared = best_tree(self._global, tail, self.config, GLOBAL_TREE, max_nodes)
         return own if own.score >= shared.score else shared
 
-    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> dict[str, np.ndarray]:
+    def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> RowTreeBatch:
         """The row trees of a batch (row_tree.py, whose functions are the reference)."""
-        return rows_to_arrays([row_of(self, r, max_nodes) for r in req_ids], max_nodes)
+        return RowTreeBatch.of([row_of(self, r, max_nodes) for r in req_ids], max_nodes)
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
         return [self.speculate(r) for r in req_ids]
 
-    def speculate_arrays(self, req_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        return drafts_to_arrays(self.speculate_batch(req_ids), self.config.max_spec_tokens)
+    def speculate_arrays(self, req_ids: Sequence[str]) -> DraftBatch:
+        return DraftBatch.of(self.speculate_batch(req_ids), self.config.max_spec_tokens)
 
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None:
         for r, t in zip(req_ids, token_ids):

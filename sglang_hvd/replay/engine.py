@@ -27,10 +27,9 @@ import numpy as np
 
 from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
 from ..drafter.row_tree import EMPTY_ROW, accept_len, accepted_within, chain_path, row_path, speculate_row
-from ..policy import RequestState, RowPlan
+from ..request_state import RequestState
 from ..trace import TraceRecord
-from ..verify import Eagle3Stream
-from .acceptance import VerifyModel
+from ..verify import Eagle3Stream, RowPlan, VerifyModel
 from .policies import GREEDY_ROW, Policy, StepView
 
 
@@ -92,20 +91,20 @@ def iter_dense(records: Iterable[TraceRecord], drafter: Drafter) -> Iterator[Den
         _finish(drafter, record, max(len(out) - 1, 0))
 
 
-def _decide_all(policies: Sequence[Policy], views: list[StepView]) -> list[RowPlan]:
+def _plan_all(policies: Sequence[Policy], views: list[StepView]) -> list[RowPlan]:
     """Each policy's plan for its view; policies sharing a ``batch_key`` decide in one
-    call of their class's ``decide_batch`` (the gate: one batched policy.decide)."""
+    call of their class's ``plan_batch`` (the gate: one batched decision.decide)."""
     plans: list[RowPlan | None] = [None] * len(views)
     groups: dict[object, list[int]] = {}
     for k, (policy, view) in enumerate(zip(policies, views)):
-        key = getattr(policy, "batch_key", None)
+        key = policy.batch_key
         if key is None:
-            plans[k] = policy.decide(view)
+            plans[k] = policy.plan(view)
         else:
             groups.setdefault(key, []).append(k)
     for members in groups.values():
         first = policies[members[0]]
-        for k, plan in zip(members, type(first).decide_batch([policies[k] for k in members], [views[k] for k in members])):
+        for k, plan in zip(members, type(first).plan_batch([policies[k] for k in members], [views[k] for k in members])):
             plans[k] = plan
     return plans
 
@@ -132,7 +131,7 @@ def iter_serving(
     drafting = any(p.needs_draft for p in policies)
     # Row trees (the chain and siblings from the tree draft) where a policy verifies them;
     # at topk 1 a row is a chain.
-    trees = shape.allows_branches and any(getattr(p, "needs_rows", False) for p in policies)
+    trees = shape.allows_branches and any(p.needs_rows for p in policies)
     for record in records:
         out_list = record.output_ids.tolist()
         n = len(out_list)
@@ -147,7 +146,7 @@ def iter_serving(
             paths.append(row_path(row.tokens, row.parents, out_list, pos) if trees else chain_path(min(label, shape.draft_nodes)))
         streams = [Eagle3Stream() for _ in policies]
         # Only policies that read the request's state (the gate) pay for keeping it.
-        states = [RequestState(record.prompt_ids) if getattr(p, "needs_state", False) else None for p in policies]
+        states = [RequestState(record.prompt_ids) if p.needs_state else None for p in policies]
         position = [0] * len(policies)
         if prefill_first and n:
             for i, policy in enumerate(policies):
@@ -164,7 +163,7 @@ def iter_serving(
                                       draft=drafts[pos] if needs else EMPTY_DRAFT, state=states[i],
                                       oracle_accept_len=model.cache_accept_len(labels[pos]) if needs else 0,
                                       row=rows[pos] if needs else EMPTY_ROW, oracle_path=paths[pos] if needs else ()))
-            plans = _decide_all([policies[i] for i in active], views)
+            plans = _plan_all([policies[i] for i in active], views)
             still = []
             for i, view, plan in zip(active, views, plans):
                 policy, pos = policies[i], view.pos

@@ -1,12 +1,12 @@
 """Fleet replay: recorded conversations served the way the engine serves them, through
-the serving stepper itself (serving/stepper.py: drafter sync, batched ``policy.decide``,
+the serving stepper itself (serving/stepper.py: drafter sync, batched ``decision.decide``,
 verified counts, finish into the global cache).
 
 Up to ``concurrency`` conversations are in flight; each sends its turns in order, a
 turn starting once the one before it finished (an agent waits for its reply). Each new
 request's first token comes from its prefill (one cycle, no draft); then every running
 request verifies one row per step, all in one batch, planned by one ``stepper.decide``
-call. A verify emits what replay's VerifyModel says of the row's plan (cache branch
+call (``HVDStepper.plan``). A verify emits what replay's VerifyModel says of the row's plan (cache branch
 exact, EAGLE3 from one Eagle3Stream per request), capped at the recorded output. Every
 response enters the global cache token by token as it is generated (the drafter's own
 rule, as in the server), so requests in flight together draft only from what the others
@@ -25,11 +25,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..drafter.row_tree import row_path
-from ..policy import RowPlan
 from ..serving.stepper import HVDStepper
 from ..trace import TraceRecord
-from ..verify import Eagle3Stream
-from .acceptance import VerifyModel
+from ..verify import Eagle3Stream, RowPlan, VerifyModel
 from .metrics import SourceTally, overall
 
 PREFILL_ROW = RowPlan(0, 0)
@@ -117,7 +115,7 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStep
             continue
         for rid in rids:
             stepper.sync(rid, running[rid][0].prompt_ids, emitted[rid])
-        plans = stepper.decide(rids)
+        plans = stepper.plan(rids)
         accepts = np.zeros(len(rids), dtype=np.int64)
         for i, rid in enumerate(rids):
             r, _, stream = running[rid]

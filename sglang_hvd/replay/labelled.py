@@ -17,8 +17,9 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ..drafter.protocol import Drafter
-from ..features import FeatureExtractor, FeatureInput
-from ..policy import RequestState
+from ..drafter.protocol import Draft
+from ..features import FeatureExtractor
+from ..request_state import RequestState, StateSnapshot
 from ..trace import TraceRecord
 from .engine import iter_dense
 
@@ -34,12 +35,13 @@ class LabelledRequest:
 
 def iter_labelled(records: Iterable[TraceRecord], drafter: Drafter, extractor: FeatureExtractor) -> Iterator[LabelledRequest]:
     current: TraceRecord | None = None
-    rows: list[FeatureInput] = []
+    drafts: list[Draft] = []
+    states: list[StateSnapshot] = []
     meta: list[tuple[int, int, int]] = []
     state: RequestState | None = None
 
     def flush():
-        feats = extractor(rows)
+        feats = extractor.of_rows(drafts, states)
         pos, acc, dl = (np.array(c, dtype=np.int32) for c in zip(*meta)) if meta else (np.zeros(0, np.int32),) * 3
         return LabelledRequest(current, pos, feats, acc, dl)
 
@@ -47,9 +49,11 @@ def iter_labelled(records: Iterable[TraceRecord], drafter: Drafter, extractor: F
         if step.record is not current:
             if current is not None:
                 yield flush()
-            current, rows, meta, state = step.record, [], [], RequestState(step.record.prompt_ids)
+            current, drafts, states, meta = step.record, [], [], []
+            state = RequestState(step.record.prompt_ids)
         if step.draft.tokens:
-            rows.append(state.feature_input(step.draft))
+            drafts.append(step.draft)
+            states.append(state.snapshot())
             meta.append((step.pos, step.accept_len, len(step.draft.tokens)))
         state.record(step.draft.tokens)
         state.observe([int(current.output_ids[step.pos])])

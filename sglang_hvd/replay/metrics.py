@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ..policy import RowPlan
+from ..verify import RowPlan
 
 HIGH_PAYOFF_ACCEPT_LEN = 6
 

@@ -1,4 +1,4 @@
-"""Verify policies: the row plan (policy.RowPlan) a request verifies at one decode step.
+"""Verify policies: the row plan (verify.RowPlan) a request verifies at one decode step.
 
 Each policy sees a StepView (what the server knows before the verify, plus the label
 only the oracle may read) and returns a RowPlan at the verify shape. Replay compares
@@ -8,7 +8,7 @@ them on the same traces:
   eagle3_only  always EAGLE3's row (its N-1 nodes)
   cache_only   SuffixDecoding: the cache chain whenever there is a draft, else a plain step
   rule@c       the cache chain when the draft's score >= c, else EAGLE3 (ArcticInference's rule)
-  hvd          the learned gate through the serving decision (policy.decide): EAGLE3's
+  hvd          the learned gate through the serving decision (decision.decide): EAGLE3's
                row, a cache chain or a two-branch row
   oracle       the choose-one oracle: the cache chain exactly when its true yield
                (accepted + 1) beats EAGLE3's expected tokens at the shape
@@ -27,10 +27,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
-from ..drafter.protocol import Draft, drafts_to_arrays
-from ..drafter.row_tree import EMPTY_ROW, RowTree, rows_to_arrays
-from ..policy import DecisionRule, RequestState, RowPlan, decide
-from ..verify import VerifyShape
+from ..decision import DecisionRule, decide
+from ..drafter.batch import DraftBatch, RowTreeBatch
+from ..drafter.protocol import Draft
+from ..drafter.row_tree import EMPTY_ROW, RowTree
+from ..request_state import RequestState
+from ..scorer import ServedScorer
+from ..verify import RowPlan, VerifyShape
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,10 +57,19 @@ class StepView:
 class Policy(Protocol):
     name: str
     needs_draft: ClassVar[bool]  # replay drafts where this policy stands
-    # (optional) needs_state: ClassVar[bool]: replay keeps a RequestState for it
-    # (optional) needs_rows: bool: replay builds row trees where it stands (topk > 1)
+    needs_state: ClassVar[bool]  # replay keeps a RequestState for it
+    needs_rows: bool  # replay builds row trees where it stands (topk > 1)
+    batch_key: object  # None, or a key: policies sharing one plan together (``plan_batch``)
 
-    def decide(self, view: StepView) -> RowPlan: ...
+    def plan(self, view: StepView) -> RowPlan: ...
+
+
+class _Single:
+    """A policy that plans one view at a time and reads no state or row tree."""
+
+    needs_state = False
+    needs_rows = False
+    batch_key = None
 
 
 def eagle3_row(shape: VerifyShape) -> RowPlan:
@@ -71,31 +83,31 @@ def cache_chain(view: StepView) -> RowPlan:
 GREEDY_ROW = RowPlan(0, 0)
 
 
-class Greedy:
+class GreedyPolicy(_Single):
     name = "greedy"
     needs_draft = False
 
-    def decide(self, view: StepView) -> RowPlan:
+    def plan(self, view: StepView) -> RowPlan:
         return GREEDY_ROW
 
 
-class Eagle3Only:
+class Eagle3OnlyPolicy(_Single):
     name = "eagle3_only"
     needs_draft = False
 
-    def decide(self, view: StepView) -> RowPlan:
+    def plan(self, view: StepView) -> RowPlan:
         return eagle3_row(view.shape)
 
 
-class CacheOnly:
+class CacheOnlyPolicy(_Single):
     name = "cache_only"
     needs_draft = True
 
-    def decide(self, view: StepView) -> RowPlan:
+    def plan(self, view: StepView) -> RowPlan:
         return cache_chain(view) if view.draft.tokens else GREEDY_ROW
 
 
-class ScoreRule:
+class RulePolicy(_Single):
     """Cache chain when the draft's score >= threshold, else EAGLE3's row."""
 
     needs_draft = True
@@ -104,13 +116,13 @@ class ScoreRule:
         self.threshold = threshold
         self.name = f"rule@{threshold:g}"
 
-    def decide(self, view: StepView) -> RowPlan:
+    def plan(self, view: StepView) -> RowPlan:
         if view.draft.tokens and view.draft.score >= self.threshold:
             return cache_chain(view)
         return eagle3_row(view.shape)
 
 
-class Oracle:
+class OraclePolicy(_Single):
     """Cache chain exactly when its true yield (accept_len + 1) beats EAGLE3's expectation."""
 
     name = "oracle"
@@ -119,7 +131,7 @@ class Oracle:
     def __init__(self, eagle3_tokens: float):
         self.eagle3_tokens = eagle3_tokens
 
-    def decide(self, view: StepView) -> RowPlan:
+    def plan(self, view: StepView) -> RowPlan:
         if view.draft.tokens and view.oracle_accept_len + 1 > self.eagle3_tokens:
             return cache_chain(view)
         return eagle3_row(view.shape)
@@ -130,16 +142,16 @@ def row_of(view: StepView) -> RowPlan:
     return RowPlan(len(view.row), 0) if view.row.tokens else cache_chain(view)
 
 
-class CacheTree:
+class CacheTreePolicy(_Single):
     name = "cache_tree"
     needs_draft = True
     needs_rows = True
 
-    def decide(self, view: StepView) -> RowPlan:
+    def plan(self, view: StepView) -> RowPlan:
         return row_of(view) if view.draft.tokens else GREEDY_ROW
 
 
-class TreeOracle:
+class TreeOraclePolicy(_Single):
     """The row tree exactly when its true yield (accepted + 1) beats EAGLE3's expectation."""
 
     name = "tree_oracle"
@@ -149,16 +161,16 @@ class TreeOracle:
     def __init__(self, eagle3_tokens: float):
         self.eagle3_tokens = eagle3_tokens
 
-    def decide(self, view: StepView) -> RowPlan:
+    def plan(self, view: StepView) -> RowPlan:
         if view.draft.tokens and len(view.oracle_path) + 1 > self.eagle3_tokens:
             return row_of(view)
         return eagle3_row(view.shape)
 
 
 class GatePolicy:
-    """HVD: the serving decision (policy.decide). Replay batches every GatePolicy of one
-    gate standing in a request (``batch_key``, ``decide_batch``): one gate call for all
-    of their rows, each row with its policy's rule.
+    """HVD: the serving decision (decision.decide). Replay batches every GatePolicy of one
+    gate standing in a request (``batch_key``, ``plan_batch``): one gate call for all of
+    their rows, each row with its policy's rule.
 
     Keeps ``(source, predicted, true accept_len)`` of every draft it judged, for the
     gate's precision/recall report.
@@ -167,7 +179,7 @@ class GatePolicy:
     needs_draft = True
     needs_state = True
 
-    def __init__(self, gate, rule: DecisionRule, name: str = "hvd"):
+    def __init__(self, gate: ServedScorer, rule: DecisionRule, name: str = "hvd"):
         self.gate = gate
         self.rule = rule
         self.name = name
@@ -181,15 +193,15 @@ class GatePolicy:
     def batch_key(self):
         return ("gate", id(self.gate))
 
-    def decide(self, view: StepView) -> RowPlan:
-        return self.decide_batch([self], [view])[0]
+    def plan(self, view: StepView) -> RowPlan:
+        return self.plan_batch([self], [view])[0]
 
     @staticmethod
-    def decide_batch(policies: Sequence[GatePolicy], views: Sequence[StepView]) -> list[RowPlan]:
-        arrays = drafts_to_arrays([v.draft for v in views], max(max(len(v.draft.tokens) for v in views), 1))
+    def plan_batch(policies: Sequence[GatePolicy], views: Sequence[StepView]) -> list[RowPlan]:
+        drafts = DraftBatch.of([v.draft for v in views])
         shape = views[0].shape
-        plans = decide(policies[0].gate, arrays, [v.state for v in views], shape, [p.rule for p in policies],
-                       trees=lambda rows: rows_to_arrays([views[i].row for i in rows], shape.draft_nodes))
+        plans = decide(policies[0].gate, drafts, [v.state for v in views], shape, [p.rule for p in policies],
+                       trees=lambda rows: RowTreeBatch.of([views[i].row for i in rows], shape.draft_nodes))
         for k, (policy, view) in enumerate(zip(policies, views)):
             if view.draft.tokens:
                 policy.judged.append((view.source, float(plans.predicted[k]), view.oracle_accept_len))
@@ -202,7 +214,7 @@ class PolicyOptions:
 
     rule_thresholds: tuple[float, ...] = (3.0,)
     eagle3_tokens: float = 1.75  # expected tokens of EAGLE3's row (the oracle's bar)
-    gate: object | None = None  # a sglang_hvd.gate.Gate, for the hvd policy
+    gate: ServedScorer | None = None  # a gate.Gate (or scorer.ScoreRule), for the hvd policy
     decision: DecisionRule | None = None  # None: the gate's own
 
 
@@ -215,13 +227,13 @@ def _gate_policies(o: PolicyOptions) -> list[Policy]:
 # name -> factory(options) -> policies (a name may expand to several, e.g. one rule per
 # threshold). Later policies register themselves here; nothing dispatches on names.
 POLICY_FACTORIES: dict[str, Callable[[PolicyOptions], list[Policy]]] = {
-    "greedy": lambda o: [Greedy()],
-    "eagle3_only": lambda o: [Eagle3Only()],
-    "cache_only": lambda o: [CacheOnly()],
-    "rule": lambda o: [ScoreRule(t) for t in o.rule_thresholds],
-    "oracle": lambda o: [Oracle(o.eagle3_tokens)],
-    "cache_tree": lambda o: [CacheTree()],
-    "tree_oracle": lambda o: [TreeOracle(o.eagle3_tokens)],
+    "greedy": lambda o: [GreedyPolicy()],
+    "eagle3_only": lambda o: [Eagle3OnlyPolicy()],
+    "cache_only": lambda o: [CacheOnlyPolicy()],
+    "rule": lambda o: [RulePolicy(t) for t in o.rule_thresholds],
+    "oracle": lambda o: [OraclePolicy(o.eagle3_tokens)],
+    "cache_tree": lambda o: [CacheTreePolicy()],
+    "tree_oracle": lambda o: [TreeOraclePolicy(o.eagle3_tokens)],
     "hvd": _gate_policies,
 }
 BASELINES = ("greedy", "eagle3_only", "cache_only", "rule")

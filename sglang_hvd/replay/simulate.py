@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ..drafter.protocol import Drafter
 from ..trace import TraceRecord
-from .acceptance import VerifyModel
+from ..verify import VerifyModel
 from .engine import DenseStep, ServingStep, iter_dense, iter_serving
 from .metrics import SourceTally, overall
 from .policies import Policy

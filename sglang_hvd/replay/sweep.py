@@ -15,13 +15,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..drafter import create_drafter
-from ..policy import DecisionRule
+from ..decision import DecisionRule
 from ..trace import TraceRecord
 from ..verify import VerifyShape
-from .acceptance import VerifyModel
-from .cost import CostModel
+from ..verify import VerifyModel
+from ..cost import CostModel
 from .metrics import HIGH_PAYOFF_ACCEPT_LEN
-from .policies import CacheOnly, Eagle3Only, GatePolicy, Greedy, Oracle, ScoreRule
+from .policies import CacheOnlyPolicy, Eagle3OnlyPolicy, GatePolicy, GreedyPolicy, OraclePolicy, RulePolicy
 from .simulate import ReplayResult, simulate
 
 DEFAULT_GATE_THRESHOLDS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -78,8 +78,8 @@ def sweep(records: Sequence[TraceRecord], gate, drafter_name: str, model: Verify
     siblings = (gate.rule.cache_siblings,) if siblings is None else tuple(siblings)
     decisions = [DecisionRule(t, r, s) for s in siblings for r in reserves for t in gate_thresholds]
     gates = [GatePolicy(gate, d, name=f"hvd@{d.threshold:g}/{d.eagle_reserve}/{d.cache_siblings}") for d in decisions]
-    rules = [ScoreRule(c) for c in rule_thresholds]
-    base = [Greedy(), Eagle3Only(), CacheOnly(), Oracle(model.eagle3_tokens)]
+    rules = [RulePolicy(c) for c in rule_thresholds]
+    base = [GreedyPolicy(), Eagle3OnlyPolicy(), CacheOnlyPolicy(), OraclePolicy(model.eagle3_tokens)]
     result = simulate(records, create_drafter(drafter_name, gate.drafter_config), base + rules + gates, model)
     total = result.overall
 

@@ -5,24 +5,25 @@ from __future__ import annotations
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
-from ..gate import Gate, ScoreRuleGate
+from ..gate import Gate
+from ..scorer import ScoreRule, ServedScorer
 from ..verify import VerifyShape
 from .config import HVDServingConfig
 from .recorder import TraceRecorder, rank_path
 from .stepper import HVDStepper
 
 
-def load_gate(config: HVDServingConfig) -> Gate | ScoreRuleGate:
+def load_gate(config: HVDServingConfig) -> ServedScorer:
     """The configured gate, fully checked (raises GateError with the reason); with
     ``score_rule`` the score rule in its place (its settings and shape are the gate's)."""
     gate = Gate(config.gate, threshold=config.threshold, eagle_reserve=config.eagle_reserve,
                 cache_siblings=config.cache_siblings)
-    return gate if config.score_rule is None else ScoreRuleGate(gate, config.score_rule)
+    return gate if config.score_rule is None else ScoreRule(gate, config.score_rule)
 
 
-def check_shape(gate: Gate, served: VerifyShape) -> None:
+def check_shape(gate: ServedScorer, served: VerifyShape) -> None:
     """The gate's labels and calibration assumed one verify shape: refuse another."""
-    want = gate.shape
+    want = gate.verify_model.shape
     if want != served:
         raise HvdInputError(
             f"the gate {gate.gate_dir} was trained for verify rows of {want.describe()}, but this server verifies "

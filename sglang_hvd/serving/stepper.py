@@ -2,10 +2,10 @@
 
 Per step the serving worker calls, for the batch's requests in row order:
   sync(rid, prompt_ids, output_ids)   bring the drafter up to date with each request
-  decide(rids)                        cache drafts + policy.decide -> one RowPlan per row
+  plan(rids)                          cache drafts + decision.decide -> the BatchPlan of the rows
   verified(rids, accept_lens, rows)   what the verify accepted (metrics, trace steps)
 and finish(rid) when a request ends. The decision (gate included) runs once per step on
-the whole batch, through the same policy.decide that replay and training use. A gate
+the whole batch, through the same decision.decide that replay and training use. A gate
 that fails at run time makes that step verify EAGLE3's rows: logged once, counted in
 ``stats()["gate_errors"]``, never raised into the server.
 """
@@ -19,9 +19,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, is_chain, row_path
-from ..policy import DecisionRule, RequestState, RowPlans, decide
+from ..decision import BatchPlan, DecisionRule, decide
+from ..request_state import RequestState
+from ..scorer import ServedScorer
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
 from .status import rates
@@ -69,7 +72,7 @@ class StepStats:
 
 
 class HVDStepper:
-    def __init__(self, drafter: Drafter, gate, shape: VerifyShape, rule: DecisionRule | None = None, recorder=None,
+    def __init__(self, drafter: Drafter, gate: ServedScorer | None, shape: VerifyShape, rule: DecisionRule | None = None, recorder=None,
                  tokenizer: TokenizerId | None = None, source: str = "served"):
         self.drafter = drafter
         self.gate = gate
@@ -136,13 +139,13 @@ class HVDStepper:
 
     # -- the step --------------------------------------------------------------------
 
-    def decide(self, rids: Sequence[str]) -> RowPlans:
-        """Cache drafts for the batch and the row plan of each row (policy.decide)."""
+    def plan(self, rids: Sequence[str]) -> BatchPlan:
+        """Cache drafts for the batch and the row plan of each row (decision.decide)."""
         start = time.perf_counter()
         states = [self._reqs[r] for r in rids]
         arrays = self.drafter.speculate_arrays(rids)
 
-        def trees(rows: np.ndarray) -> dict[str, np.ndarray]:  # the drafted rows (tree features) or those with room
+        def trees(rows: np.ndarray) -> RowTreeBatch:  # the drafted rows (tree features) or those with room
             return self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
 
         plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees)

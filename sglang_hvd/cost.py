@@ -1,4 +1,5 @@
-"""Modelled decode time: verify cycles weighted by what each kind of step costs.
+"""Modelled decode time: verify cycles weighted by what each kind of step costs (gate.json
+keeps the costs a gate was calibrated with).
 
 Units: one plain target forward = 1.0. Defaults count cycles (every verify costs the
 same), the measure HVD's own figures report. A deployment that measured its step times
@@ -9,8 +10,17 @@ whose cost grows with draft width (``cache_per_token``).
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
-from .metrics import PolicyTally
+
+class StepCounts(Protocol):
+    """What a tally counts (replay.metrics.PolicyTally)."""
+
+    cycles: int
+    tokens: int
+    cache_steps: int
+    eagle3_steps: int
+    cache_draft_tokens: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -25,7 +35,7 @@ class CostModel:
         if min(self.greedy, self.eagle3, self.cache) <= 0 or self.cache_per_token < 0:
             raise ValueError("step costs must be > 0 and cache_per_token >= 0")
 
-    def time_per_1k(self, t: PolicyTally) -> float:
+    def time_per_1k(self, t: StepCounts) -> float:
         """Modelled decode time per 1,000 output tokens."""
         greedy_steps = t.cycles - t.cache_steps - t.eagle3_steps
         total = (greedy_steps * self.greedy + t.eagle3_steps * self.eagle3 + t.cache_steps * self.cache

@@ -1,4 +1,4 @@
-"""The one decision (sglang_hvd/policy.py): row plans from drafts, gate and verify shape."""
+"""The one decision (sglang_hvd/decision.py): row plans from drafts, scorer and verify shape."""
 
 from __future__ import annotations
 
@@ -6,22 +6,24 @@ import numpy as np
 import pytest
 
 from sglang_hvd.drafter import DrafterConfig
-from sglang_hvd.drafter.protocol import Draft, drafts_to_arrays
-from sglang_hvd.gate import Gate
+from sglang_hvd.decision import DecisionRule, decide, plan_rows
+from sglang_hvd.drafter.batch import DraftBatch
+from sglang_hvd.drafter.protocol import Draft
 from sglang_hvd.features import FeatureExtractor
-from sglang_hvd.policy import DecisionRule, RequestState, RowPlan, decide, plan_rows
-from sglang_hvd.verify import VerifyShape
+from sglang_hvd.request_state import RequestState
+from sglang_hvd.scorer import Scorer
+from sglang_hvd.verify import RowPlan, VerifyShape
 
 
 class ListGate:
-    """Predicts the given accept lengths, one per row with a draft (in row order)."""
+    """A scorer predicting the given accept lengths, one per row (in row order)."""
+
+    reads_trees = False
 
     def __init__(self, values):
         self.extractor = FeatureExtractor(np.zeros(100, np.uint16), DrafterConfig())
         self.values = list(values)
         self.batches = []
-
-    predict_rows = Gate.predict_rows  # the real gate's: features, then predict
 
     def predict(self, x):
         self.batches.append(len(x))
@@ -29,11 +31,12 @@ class ListGate:
 
 
 def drafts(*token_lists):
-    return drafts_to_arrays([Draft(tokens=tuple(t), probs=(1.0,) * len(t), child_counts=(1,) * len(t), score=len(t),
+    return DraftBatch.of([Draft(tokens=tuple(t), probs=(1.0,) * len(t), child_counts=(1,) * len(t), score=len(t),
                                    match_len=len(t), match_count=2, tree="local" if t else "") for t in token_lists], 20)
 
 
 def test_rows_take_eagle3_a_chain_or_two_branches():
+    assert isinstance(ListGate([]), Scorer)  # the test scorer keeps the Protocol
     shape = VerifyShape(4, 3, 16)
     states = [RequestState([1, 2, 3]) for _ in range(4)]
     gate = ListGate([0.0, 5.2, 5.2, 0.7])
@@ -86,7 +89,7 @@ def test_request_state_keeps_the_tail_and_the_position():
 class TreeReadingGate(ListGate):
     """A ListGate that reads tree features (as a trained Gate does) and keeps its inputs."""
 
-    reads_rows = True
+    reads_trees = True
 
     def predict(self, x):
         self.features = x
@@ -94,7 +97,8 @@ class TreeReadingGate(ListGate):
 
 
 def test_a_gate_that_reads_trees_gets_every_drafted_rows_tree_cut_at_chain_plus_siblings():
-    from sglang_hvd.drafter.row_tree import RowTree, rows_to_arrays
+    from sglang_hvd.drafter.batch import RowTreeBatch
+    from sglang_hvd.drafter.row_tree import RowTree
     from sglang_hvd.features import FEATURE_NAMES
 
     shape = VerifyShape(4, 3, 8)  # 7 draft nodes
@@ -106,7 +110,7 @@ def test_a_gate_that_reads_trees_gets_every_drafted_rows_tree_cut_at_chain_plus_
 
     def trees(which):
         asked.append(which.tolist())
-        return rows_to_arrays([rows[i] for i in which], 7)
+        return RowTreeBatch.of([rows[i] for i in which], 7)
 
     gate = TreeReadingGate([3.0, 9.0, 0.5])
     plans = decide(gate, drafts([5, 6], [], [7, 8, 9, 10, 11]), states, shape,

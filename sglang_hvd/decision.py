@@ -1,0 +1,197 @@
+"""The one HVD decision: which shape each request's verify row takes this step.
+
+Called by the serving stepper (a decode batch) and by replay, training and calibration
+(one row at a time), so the gate is trained, calibrated and evaluated on exactly the
+decisions it makes when it serves. Data flows one way:
+
+  drafts (DraftBatch) + states (RequestState)  [+ row trees (RowTreeBatch) for a scorer
+  that reads them]  -> features (scorer.extractor) -> values (scorer.predict)
+  -> plans (BatchPlan)
+
+and the drafts are then recorded into the requests' histories. Nothing downstream calls
+back into this module.
+
+Per row (request) and step, given its cache draft, its state and the verify shape:
+
+  predicted = gate(features)                      accept_len the gate expects
+  predicted <= threshold or no draft  -> the EAGLE3 tree, untouched
+  otherwise                           -> a cache row: the cache draft's first
+      L = min(len(draft), N-1 - reserve) tokens, and EAGLE3's first M = N-1 - L nodes
+      beside it under the root (topk > 1; with topk 1 the row is the chain alone)
+
+``reserve`` (DecisionRule.eagle_reserve) keeps that many nodes for EAGLE3 even when the
+cache draft could fill the row; a short cache draft leaves more. With ``cache_siblings``
+S > 0 (topk > 1) the cache branch is the row tree (drafter/row_tree.py: the chain, then
+the tree draft's other nodes): L = min(len(chain) + S, len(row tree), N-1 - reserve)
+nodes of it, so up to S siblings take nodes EAGLE3 would otherwise get. The verify follows the
+cache branch when its first token is right and EAGLE3's nodes otherwise, so a wrong
+cache guess still yields EAGLE3's tokens: worth curve(M) instead of 1. Threshold and
+reserve are calibrated together on validation replay (``hvd train``) under the EAGLE3
+curve, and stored in gate.json.
+
+Worked example (N = 16, reserve 3): a 20-token cache draft with predicted 5.2 > 1.5 ->
+L = min(20, 15 - 3) = 12, M = 3; a 4-token draft -> L = 4, M = 11; predicted 0.7 ->
+L = 0, M = 15 (EAGLE3's tree).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .drafter.batch import DraftBatch, RowTreeBatch
+from .request_state import RequestState, StateBatch
+from .verify import MAX_TREE_NODES, RowPlan, VerifyShape
+
+if TYPE_CHECKING:
+    from .scorer import Scorer
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecisionRule:
+    threshold: float = 1.0  # verify a cache row when the predicted accept_len > threshold
+    eagle_reserve: int = 0  # EAGLE3 nodes kept beside a cache draft (topk > 1 shapes)
+    cache_siblings: int = 0  # tree-draft nodes a cache row may add to its chain (topk > 1 shapes)
+
+    def __post_init__(self):
+        if self.eagle_reserve < 0:
+            raise ValueError(f"eagle_reserve must be >= 0, got {self.eagle_reserve}")
+        if self.cache_siblings < 0:
+            raise ValueError(f"cache_siblings must be >= 0, got {self.cache_siblings}")
+
+    def to_json(self) -> dict:
+        return {"threshold": self.threshold, "eagle_reserve": self.eagle_reserve, "cache_siblings": self.cache_siblings}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class BatchPlan:
+    """The decision for a batch, row-aligned with the request ids passed to ``decide``."""
+
+    cache_lens: np.ndarray  # [B] int32 cache nodes the row verifies (0: no cache branch)
+    eagle_nodes: np.ndarray  # [B] int32 EAGLE3 nodes the row keeps (N-1: untouched)
+    cache_tokens: np.ndarray  # [B, N-1] int32 the cache branch's nodes (a chain, or a row tree), -1 padded
+    cache_parents: np.ndarray  # [B, N-1] int32 each node's parent (-1: the root); a chain: -1, 0, 1, ...
+    predicted: np.ndarray  # [B] float32 the scorer's value (nan: no draft or no verdict)
+    gate_error: Exception | None = None  # the scorer failed; every row verifies EAGLE3's tree
+
+    def plan(self, i: int) -> RowPlan:
+        return RowPlan(int(self.cache_lens[i]), int(self.eagle_nodes[i]))
+
+    @property
+    def use_cache(self) -> np.ndarray:
+        return self.cache_lens > 0
+
+    @classmethod
+    def all_eagle3(cls, b: int, draft_nodes: int) -> BatchPlan:
+        """Every row of ``draft_nodes`` (N-1) draft tokens keeps EAGLE3's tree (a step whose
+        decision failed)."""
+        return cls(np.zeros(b, np.int32), np.full(b, draft_nodes, np.int32), np.full((b, draft_nodes), -1, np.int32),
+                   np.full((b, draft_nodes), -1, np.int32), np.full(b, np.nan, np.float32))
+
+
+def described(chain_len, siblings, draft_nodes: int):
+    """Nodes of a cache row's tree that a decision with ``siblings`` S would verify (its
+    tree features describe them; training labels them): min(len(chain) + S, N-1)."""
+    return np.minimum(chain_len + siblings, draft_nodes)  # ints or arrays of rows
+
+
+def predictions(scorer: Scorer, drafts: DraftBatch, states: StateBatch, trees: RowTreeBatch | None) -> np.ndarray:
+    """The scorer's value per row ``[B]`` float64 (raises on a bad scorer): a learned gate's
+    predicted accept_len (float32 from onnxruntime, exact in float64), the score rule's
+    draft scores."""
+    b = len(drafts)
+    pred = np.asarray(scorer.predict(scorer.extractor.features(drafts, states, trees)), dtype=np.float64)
+    if pred.shape != (b,) or not np.all(np.isfinite(pred)):
+        raise ValueError(f"scorer returned shape {pred.shape} / non-finite values for a batch of {b}")
+    return pred
+
+
+def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
+              eagle_reserve: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cache nodes and EAGLE3 nodes per row for the rows that ``use`` their cache draft
+    (``eagle_reserve``: one for all rows, or one per row)."""
+    n = shape.draft_nodes
+    reserve = np.minimum(eagle_reserve, n - 1) if shape.allows_branches else 0
+    cache = np.where(use, np.minimum(draft_lens, n - reserve), 0).astype(np.int32)
+    if shape.allows_branches:
+        eagle = (n - cache).astype(np.int32)
+    else:  # topk 1: a cache row is the chain alone
+        eagle = np.where(cache > 0, 0, n).astype(np.int32)
+    return cache, eagle
+
+
+RowTreeSource = Callable[[np.ndarray], RowTreeBatch]
+"""``trees(rows)``: the row trees (drafter/row_tree.py) of those batch rows, of N-1 nodes
+(the drafter's ``speculate_rows``), asked at most once per batch: for a scorer that reads
+trees, every row with a draft; for one that reads none (the score rule), only the cache
+rows with room for siblings. An input the caller provides, never a call back into it."""
+
+
+def _described_trees(trees: RowTreeSource, which: np.ndarray, lens: np.ndarray, siblings: np.ndarray, b: int,
+                     n: int) -> RowTreeBatch:
+    """The row trees of rows ``which`` in a batch of ``b`` rows and ``n`` nodes, each cut at
+    the nodes the decision would verify (``described``; other rows: empty)."""
+    return trees(which).scatter(which, b, n, described(lens[which], siblings[which], n))
+
+
+def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestState], shape: VerifyShape,
+           rule: DecisionRule | Sequence[DecisionRule], fallback: bool = False,
+           trees: RowTreeSource | None = None) -> BatchPlan:
+    """The row plans of a batch. ``drafts``: a drafter's ``speculate_arrays`` for the rows;
+    ``states``: the rows' RequestStates, whose histories this records every non-empty
+    draft into (judged or not); ``rule``: one for the batch (the server), or one per row
+    (replay deciding for several policies at once); ``trees``: where the rule adds cache
+    siblings (topk > 1), the source of row trees (RowTreeSource).
+
+    A scorer that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
+    and the error is returned in ``gate_error``; without it (replay, training) it
+    propagates."""
+    lens = drafts.lengths.astype(np.int32)
+    b = len(lens)
+    if isinstance(rule, DecisionRule):
+        threshold, reserve, siblings = rule.threshold, rule.eagle_reserve, rule.cache_siblings
+    else:
+        threshold = np.array([r.threshold for r in rule], dtype=np.float64)
+        reserve = np.array([r.eagle_reserve for r in rule], dtype=np.int32)
+        siblings = np.array([r.cache_siblings for r in rule], dtype=np.int32)
+    predicted = np.full(b, np.nan, dtype=np.float32)
+    use = np.zeros(b, dtype=bool)
+    judged = lens > 0
+    error = None
+    n = shape.draft_nodes
+    siblings = np.broadcast_to(siblings, (b,))
+    grows = trees is not None and shape.allows_branches and n <= MAX_TREE_NODES
+    described_trees = None  # the row trees of the rows asked, cut at the nodes described
+    if scorer is not None and judged.any():
+        if grows and scorer.reads_trees and (want := np.flatnonzero(judged & (siblings > 0))).size:
+            described_trees = _described_trees(trees, want, lens, siblings, b, n)
+        try:
+            pred = predictions(scorer, drafts, StateBatch.of(states), described_trees)
+        except Exception as e:  # onnxruntime raises its own types; a failed gate must not stop a server
+            if not fallback:
+                raise
+            error = e
+        else:
+            predicted = np.where(judged, pred, np.nan).astype(np.float32)
+            use = judged & (pred > np.asarray(threshold, dtype=np.float64))
+    for i, s in enumerate(states):
+        if lens[i]:
+            s.record(drafts.draft_tokens(i))
+    cache, eagle = plan_rows(use, lens, shape, reserve)
+    tokens = np.full((b, n), -1, dtype=np.int32)
+    w = min(n, drafts.width)
+    tokens[:, :w] = drafts.tokens[:, :w]
+    parents = np.broadcast_to(np.arange(-1, n - 1, dtype=np.int32), (b, n)).copy()  # chains
+    if grows:
+        share = n - np.minimum(reserve, n - 1)  # the cache branch's most nodes, per row or for all
+        room = np.flatnonzero(use & (siblings > 0) & (cache < share))
+        if len(room):
+            if described_trees is None:
+                described_trees = _described_trees(trees, room, lens, siblings, b, n)
+            grown = np.minimum(described_trees.lengths[room], np.broadcast_to(share, (b,))[room]).astype(np.int32)
+            cache[room], eagle[room] = grown, n - grown
+            tokens[room], parents[room] = described_trees.tokens[room], described_trees.parents[room]
+    return BatchPlan(cache, eagle, tokens, parents, predicted, error)
