@@ -75,7 +75,7 @@ def test_export_matches_torch_and_loads_as_a_gate(tmp_path):
         want = model(torch.from_numpy(x)).numpy()
     got = gate.predict(x)  # any batch size: the batch axis is dynamic
     assert got.shape == (400,) and np.max(np.abs(got - want)) <= 1e-4
-    assert (gate.rule.threshold, gate.rule.eagle_reserve, gate.shape.nodes) == (1.0, 3, 16)
+    assert (gate.rule.threshold, gate.rule.eagle_reserve, gate.verify_model.shape.nodes) == (1.0, 3, 16)
     proto = to_onnx(model)
     assert [i.name for i in proto.graph.input] == ["features"] and [o.name for o in proto.graph.output] == ["accept_len"]
     assert json.loads((tmp_path / "g" / "gate.json").read_text())["export"]["parity_rows"] == 100
