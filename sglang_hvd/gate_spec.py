@@ -16,11 +16,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .cost import CostModel
+from .decision import DecisionRule
 from .drafter.protocol import DrafterConfig
 from .errors import HvdInputError
 from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
-from .cost import CostModel
-from .decision import DecisionRule
 from .trace import TokenizerId
 from .verify import VerifyModel
 

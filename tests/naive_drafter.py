@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sglang_hvd.drafter.protocol import EMPTY_DRAFT, EMPTY_TREE, GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree
+from sglang_hvd.drafter.protocol import (
+    EMPTY_DRAFT,
+    EMPTY_TREE,
+    GLOBAL_TREE,
+    LOCAL_TREE,
+    Draft,
+    DrafterConfig,
+    DraftTree,
+)
 
 
 class NaiveDrafter:

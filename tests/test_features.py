@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_hvd.drafter import Draft, DrafterConfig, create_drafter
-from sglang_hvd.drafter.protocol import DraftTree
 from sglang_hvd.drafter.batch import RowTreeBatch
+from sglang_hvd.drafter.protocol import DraftTree
 from sglang_hvd.drafter.row_tree import row_tree
 from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, tree_features
-from sglang_hvd.request_state import RequestHistory, StateSnapshot
 from sglang_hvd.replay.labelled import iter_labelled
+from sglang_hvd.request_state import RequestHistory, StateSnapshot
 from sglang_hvd.token_flags import FLAG_BITS, FLAG_NAMES, build_token_flags, flags_of
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
 

@@ -52,9 +52,9 @@ def _tiny_model():
 
 
 def _spec():
+    from sglang_hvd.decision import DecisionRule
     from sglang_hvd.drafter import DrafterConfig
     from sglang_hvd.gate_spec import GateSpec
-    from sglang_hvd.decision import DecisionRule
     from sglang_hvd.verify import VerifyModel
 
     return GateSpec(decision=DecisionRule(1.0, 3), drafter=DrafterConfig(), verify=VerifyModel(),
@@ -198,8 +198,8 @@ def dataclasses_replace(obj, **kw):
 
 
 def test_decision_rules_carry_cache_siblings_and_older_gates_read_as_chains():
-    from sglang_hvd.gate_spec import GateSpec
     from sglang_hvd.decision import DecisionRule
+    from sglang_hvd.gate_spec import GateSpec
 
     spec = dataclasses_replace(_spec(), decision=DecisionRule(0.5, 1, 4))
     d = spec.to_json()
@@ -212,8 +212,7 @@ def test_decision_rules_carry_cache_siblings_and_older_gates_read_as_chains():
 def test_training_labels_are_the_payoff_of_the_row_the_decision_verifies():
     from sglang_hvd.drafter import DrafterConfig
     from sglang_hvd.predictor.dataset import build_dataset
-    from sglang_hvd.verify import VerifyModel
-    from sglang_hvd.verify import VerifyShape
+    from sglang_hvd.verify import VerifyModel, VerifyShape
 
     # "1 2" continued by 3 8 twice and by 4 7 once; the output takes 4 7 5: the chain (3 8)
     # accepts nothing, the row tree with siblings (3 8, then 4 7 under the root) accepts 2.

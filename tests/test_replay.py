@@ -12,13 +12,11 @@ from hypothesis import strategies as st
 from conftest import shared_file
 from sglang_hvd.cli.main import main as hvd
 from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.verify import RowPlan
-from sglang_hvd.verify import VerifyModel
-from sglang_hvd.verify import Eagle3Curve, Eagle3Stream, VerifyShape
 from sglang_hvd.replay.engine import ReconstructionError, accept_len, iter_dense, iter_serving
 from sglang_hvd.replay.policies import PolicyOptions, make_policies
 from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
+from sglang_hvd.verify import Eagle3Curve, Eagle3Stream, RowPlan, VerifyModel, VerifyShape
 
 TOK = TokenizerId("toy", "d")
 FACTOR1 = DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)  # SuffixDecoding's budget: a p-token match drafts at most p tokens

@@ -3,31 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-
 import os
 
 import numpy as np
 import pytest
 
-from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.errors import HvdInputError
-from sglang_hvd.replay.engine import accept_len
-from sglang_hvd.serving.config import HVDServingConfig
-from sglang_hvd.serving.recorder import TraceRecorder
 from sglang_hvd.decision import DecisionRule, decide
-from sglang_hvd.request_state import RequestState
+from sglang_hvd.drafter import DrafterConfig, create_drafter
+from sglang_hvd.drafter.batch import DraftBatch
+from sglang_hvd.drafter.protocol import Draft
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.features import FeatureExtractor
+from sglang_hvd.gate import Gate
 from sglang_hvd.replay.engine import iter_serving
 from sglang_hvd.replay.fleet import serve_fleet
 from sglang_hvd.replay.policies import GatePolicy, RulePolicy
 from sglang_hvd.replay.simulate import simulate
-from sglang_hvd.serving.stepper import HVDStepper
-from sglang_hvd.features import FeatureExtractor
-from sglang_hvd.gate import Gate
+from sglang_hvd.request_state import RequestState
 from sglang_hvd.scorer import ScoreRule
-from sglang_hvd.drafter.batch import DraftBatch
-from sglang_hvd.drafter.protocol import Draft
+from sglang_hvd.serving.config import HVDServingConfig
+from sglang_hvd.serving.recorder import TraceRecorder
+from sglang_hvd.serving.stepper import HVDStepper
 from sglang_hvd.trace import TokenizerId, TraceRecord, iter_traces, token_array
-from sglang_hvd.verify import Eagle3Stream, RowPlan, VerifyModel, VerifyShape
+from sglang_hvd.verify import RowPlan, VerifyModel, VerifyShape
 
 
 def test_config_round_trips_through_the_environment():

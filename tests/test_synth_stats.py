@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 
 from sglang_hvd.cli.main import main as hvd
 from sglang_hvd.conversation import iter_conversations
 from sglang_hvd.stats import RepetitionProfiler
-from sglang_hvd.synth.workload import SynthConfig, generate
 from sglang_hvd.trace import TokenizerId, TraceRecord, iter_traces, token_array
 
 

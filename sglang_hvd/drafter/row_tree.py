@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-
 from .protocol import Draft, DraftTree
 
 

@@ -16,8 +16,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from ..drafter.protocol import Drafter
-from ..drafter.protocol import Draft
+from ..drafter.protocol import Draft, Drafter
 from ..features import FeatureExtractor
 from ..request_state import RequestState, StateSnapshot
 from ..trace import TraceRecord

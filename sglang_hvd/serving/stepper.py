@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..decision import BatchPlan, DecisionRule, decide
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, is_chain, row_path
-from ..decision import BatchPlan, DecisionRule, decide
 from ..request_state import RequestState
 from ..scorer import ServedScorer
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
