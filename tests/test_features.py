@@ -114,7 +114,8 @@ def test_changing_tokens_after_p_changes_no_feature_of_p(prompt, prefix, tail_a,
     ex = FeatureExtractor(FLAGS, DrafterConfig(max_depth=12))
     rows = []
     for suffix in (tail_a, tail_b):
-        (req,) = iter_labelled(_records(prefix, suffix, prompt), create_drafter("python", DrafterConfig(max_depth=12)), ex)
+        drafter = create_drafter("python", DrafterConfig(max_depth=12))
+        (req,) = iter_labelled(_records(prefix, suffix, prompt), drafter, ex)
         keep = req.positions <= len(prefix)
         rows.append((req.positions[keep], req.features[keep]))
     assert np.array_equal(rows[0][0], rows[1][0])
