@@ -98,7 +98,8 @@ def pack_plans(cache_lens: np.ndarray, eagle_nodes: np.ndarray, cache_tokens: np
     row (None: chains) -- also what the TP broadcast carries."""
     if cache_parents is None:
         cache_parents = np.broadcast_to(np.arange(-1, cache_tokens.shape[1] - 1), cache_tokens.shape)
-    return np.concatenate([cache_lens[:, None], eagle_nodes[:, None], cache_tokens, cache_parents], axis=1).astype(np.int64)
+    columns = [cache_lens[:, None], eagle_nodes[:, None], cache_tokens, cache_parents]
+    return np.concatenate(columns, axis=1).astype(np.int64)
 
 
 def unpack_plans(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -181,8 +182,8 @@ def rewrite_tree_rows(verify_input, packed: np.ndarray, mask_mode: int, staging:
     depth, first, sibling, bits = cache_topology(lens, parents)
     dev = vi.draft_token.device
     w = n - 1
-    t = (staging or Staging()).upload(np.concatenate([lens[:, None], eagle[:, None], tokens, depth, first, sibling, bits],
-                                                     axis=1), dev)
+    columns = [lens[:, None], eagle[:, None], tokens, depth, first, sibling, bits]
+    t = (staging or Staging()).upload(np.concatenate(columns, axis=1), dev)
     L, M = t[:, :1], t[:, 1:2]  # [bs, 1]
     cache, c_depth, c_first, c_sib, c_bits = (t[:, 2 + i * w : 2 + (i + 1) * w] for i in range(5))  # [bs, N-1] each
     j = torch.arange(n, device=dev)[None, :]  # [1, N] node index

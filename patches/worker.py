@@ -207,7 +207,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         if self.hvd is not None:  # what an operator compares across the replicas of a fleet
             gate = {"gate_digest": self.hvd.gate.digest, "decision": self.hvd.gate.decision,
                     "gate_threshold": self.hvd.rule.threshold,
-                    "gate_eagle_reserve": self.hvd.rule.eagle_reserve, "gate_cache_siblings": self.hvd.rule.cache_siblings,
+                    "gate_eagle_reserve": self.hvd.rule.eagle_reserve,
+                    "gate_cache_siblings": self.hvd.rule.cache_siblings,
                     "verify_shape": self.hvd_shape.describe()}
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
                "dp_rank": self._hvd_dp_rank or 0,

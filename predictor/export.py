@@ -83,7 +83,8 @@ def write_gate_dir(out_dir: str, model: GateMLP, spec: GateSpec, token_flags: np
     diff = parity(proto, model, parity_rows)
     if not diff <= max_abs_diff:
         raise ExportParityError(f"onnxruntime differs from torch by {diff:.3g} (> {max_abs_diff:g}) on held-out rows")
-    data = {**spec.to_json(), "export": {"opset": OPSET, "parity_max_abs_diff": diff, "parity_rows": int(len(parity_rows))}}
+    export_info = {"opset": OPSET, "parity_max_abs_diff": diff, "parity_rows": int(len(parity_rows))}
+    data = {**spec.to_json(), "export": export_info}
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", dir=parent)

@@ -69,7 +69,8 @@ def standardisation(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _mse(model: GateMLP, x: torch.Tensor, y: torch.Tensor) -> float:
     with torch.no_grad():
-        return float(sum(((model(x[i : i + 8192]) - y[i : i + 8192]) ** 2).sum() for i in range(0, len(x), 8192)) / max(len(x), 1))
+        total = sum(((model(x[i : i + 8192]) - y[i : i + 8192]) ** 2).sum() for i in range(0, len(x), 8192))
+        return float(total / max(len(x), 1))
 
 
 def train_mlp(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,

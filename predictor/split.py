@@ -49,7 +49,8 @@ def split_conversations(records: Iterable[TraceRecord], validation_fraction: flo
         ordered = sorted(groups, key=lambda g: _key(seed, g))
         n = len(ordered)
         n_test = max(1, round(n * test_fraction)) if test_fraction and n >= 3 else round(n * test_fraction)
-        n_val = max(1, round(n * validation_fraction)) if validation_fraction and n >= 3 else round(n * validation_fraction)
+        n_val = (max(1, round(n * validation_fraction)) if validation_fraction and n >= 3
+                 else round(n * validation_fraction))
         for i, group in enumerate(ordered):
             for conv in groups[group]:
                 side[conv] = TEST if i < n_test else VALIDATION if i < n_test + n_val else TRAIN

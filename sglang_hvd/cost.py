@@ -25,7 +25,8 @@ class StepCounts(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CostModel:
-    greedy: float = dataclasses.field(default=1.0, metadata={"help": "cost of a plain decode step (one target forward)"})
+    greedy: float = dataclasses.field(
+        default=1.0, metadata={"help": "cost of a plain decode step (one target forward)"})
     eagle3: float = dataclasses.field(default=1.0, metadata={"help": "cost of an EAGLE3 draft + verify step"})
     cache: float = dataclasses.field(default=1.0, metadata={"help": "cost of a cache-draft verify step"})
     cache_per_token: float = dataclasses.field(default=0.0, metadata={

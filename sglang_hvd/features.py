@@ -70,7 +70,8 @@ class FeatureExtractor:
         # Flags unpacked once: [vocab_size + 1, len(FLAG_NAMES)] float32; the extra last row
         # (all zero) serves ids beyond the tokenizer's vocabulary.
         self.flag_table = np.concatenate([unpack(token_flags), np.zeros((1, len(FLAG_NAMES)), np.float32)])
-        self.budgets = np.array([drafter_config.budget(p) for p in range(drafter_config.max_depth + 1)], dtype=np.float32)
+        self.budgets = np.array([drafter_config.budget(p) for p in range(drafter_config.max_depth + 1)],
+                                dtype=np.float32)
         self.vocab_size = len(token_flags)
 
     def _bits(self, ids: np.ndarray) -> np.ndarray:
@@ -139,7 +140,8 @@ class FeatureExtractor:
             tbits = self._bits(tail_ids)
             has_tail = tail_lens > 0
             tstarts = np.concatenate([[0], np.cumsum(tail_lens)[:-1]])
-            out[has_tail, col + 2 * nf : col + 3 * nf] = np.add.reduceat(tbits, tstarts[has_tail], axis=0) / tail_lens[has_tail, None]
+            tail_sums = np.add.reduceat(tbits, tstarts[has_tail], axis=0)
+            out[has_tail, col + 2 * nf : col + 3 * nf] = tail_sums / tail_lens[has_tail, None]
         return out
 
 

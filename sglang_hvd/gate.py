@@ -76,9 +76,11 @@ class Gate:
 
         self.gate_dir = where
         self.spec = spec
-        self.rule = spec.decision if threshold is None else dataclasses.replace(spec.decision, threshold=float(threshold))
+        self.rule = (spec.decision if threshold is None
+                     else dataclasses.replace(spec.decision, threshold=float(threshold)))
         if token_flags.ndim != 1 or token_flags.dtype != np.uint16:
-            raise GateError(f"{where}: token_flags.npy must be a 1-D uint16 array, got {token_flags.dtype} {token_flags.shape}")
+            raise GateError(f"{where}: token_flags.npy must be a 1-D uint16 array, "
+                            f"got {token_flags.dtype} {token_flags.shape}")
         self.token_flags = token_flags
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
@@ -119,4 +121,5 @@ class Gate:
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """``[batch, F]`` float32 raw features -> predicted accept_len ``[batch]`` float32."""
-        return self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)})[0].reshape(-1)
+        inputs = {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)}
+        return self.session.run([OUTPUT_NAME], inputs)[0].reshape(-1)

@@ -16,11 +16,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .cost import CostModel
+from .decision import DecisionRule
 from .drafter.protocol import DrafterConfig
 from .errors import HvdInputError
 from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
-from .cost import CostModel
-from .decision import DecisionRule
 from .trace import TokenizerId
 from .verify import VerifyModel
 
@@ -83,13 +83,14 @@ class GateSpec:
         version = d.get("format_version")
         if version != GATE_FORMAT_VERSION:
             hint = " (written before verify shapes; retrain it with `hvd train`)" if version == 1 else ""
-            raise GateError(f"{where}: gate format version {version!r}, this sglang-hvd reads {GATE_FORMAT_VERSION}{hint}")
+            raise GateError(
+                f"{where}: gate format version {version!r}, this sglang-hvd reads {GATE_FORMAT_VERSION}{hint}")
         schema = d.get("feature_schema_version")
         if schema != FEATURE_SCHEMA_VERSION or list(d.get("feature_names", [])) != list(FEATURE_NAMES):
             raise GateError(
-                f"{where}: trained on feature schema {schema!r} ({len(d.get('feature_names', []))} features), but this "
-                f"sglang-hvd computes schema {FEATURE_SCHEMA_VERSION} ({len(FEATURE_NAMES)} features); retrain the gate "
-                "with this version (`hvd train`)")
+                f"{where}: trained on feature schema {schema!r} ({len(d.get('feature_names', []))} features), "
+                f"but this sglang-hvd computes schema {FEATURE_SCHEMA_VERSION} ({len(FEATURE_NAMES)} features); "
+                "retrain the gate with this version (`hvd train`)")
         known = {"format_version", "feature_schema_version", "feature_names", "normalisation", "decision", "drafter",
                  "drafter_impl", "verify", "tokenizer", "costs", "rule_threshold", "split"}
 
@@ -97,9 +98,14 @@ class GateSpec:
             try:
                 return build(d[key])
             except KeyError as e:
-                raise GateError(f"{where}: missing {key!r}" + (f" ({e.args[0]!r} in it)" if e.args[0] != key else "")) from None
+                inside = f" ({e.args[0]!r} in it)" if e.args[0] != key else ""
+                raise GateError(f"{where}: missing {key!r}{inside}") from None
             except (TypeError, ValueError, AttributeError) as e:
                 raise GateError(f"{where}: bad {key!r} ({e})") from None
+
+        def gate_split(v) -> GateSplit:
+            return GateSplit(**{**v, "test_conversations": tuple(v.get("test_conversations", ())),
+                                "validation_conversations": tuple(v.get("validation_conversations", ()))})
 
         split = d.get("split") or {}
         return cls(
@@ -109,10 +115,9 @@ class GateSpec:
             verify=part("verify", VerifyModel.from_json),
             tokenizer=part("tokenizer", lambda v: TokenizerId(str(v["name"]), str(v["digest"]))),
             costs=part("costs", lambda v: CostModel(**v)) if "costs" in d else CostModel(),
-            rule_threshold=part("rule_threshold", lambda v: None if v is None else float(v)) if "rule_threshold" in d else None,
-            split=part("split", lambda v: GateSplit(**{**v, "test_conversations": tuple(v.get("test_conversations", ())),
-                                                        "validation_conversations": tuple(v.get("validation_conversations", ()))}))
-            if split else GateSplit(),
+            rule_threshold=(part("rule_threshold", lambda v: None if v is None else float(v))
+                            if "rule_threshold" in d else None),
+            split=part("split", gate_split) if split else GateSplit(),
             drafter_impl=str(d.get("drafter_impl", "native")),
             provenance={k: v for k, v in d.items() if k not in known},
         )

@@ -97,7 +97,8 @@ class ScoreRule:
         if min_score is None:
             min_score = gate.spec.rule_threshold
             if min_score is None:
-                raise GateError(f"{gate.gate_dir}: gate.json has no calibrated rule_threshold; give the score explicitly")
+                raise GateError(
+                    f"{gate.gate_dir}: gate.json has no calibrated rule_threshold; give the score explicitly")
         if not math.isfinite(min_score):
             raise GateError(f"the score rule needs a finite minimum score, got {min_score}")
         self.gate_dir = gate.gate_dir

@@ -18,8 +18,8 @@ keeps is the ``Eagle3Curve``: points ``nodes:tokens``, linear between them, flat
 the last, 1.0 at 0 nodes (the bonus token alone). Replay has no EAGLE3 model, so this
 curve *is* EAGLE3 in replay; the decision module reads it too (an EAGLE3 row is worth
 curve(N-1) tokens). VerifyModel (the shape and the curve) says what one verify of a row
-plan emits; replay, calibration and the gate's spec use it. Measure yours: tokens per verify of an EAGLE3-only server at each
-``--speculative-num-draft-tokens``.
+plan emits; replay, calibration and the gate's spec use it. Measure yours: tokens per
+verify of an EAGLE3-only server at each ``--speculative-num-draft-tokens``.
 
 Default curve: 1.75 at 3 nodes is the HVD paper's EAGLE3 figure on these workloads
 (chain of 3); 1 and 2 nodes follow a per-token acceptance of 0.45 fitted to it; 7 and
@@ -72,7 +72,8 @@ class VerifyShape:
         if self.topk < 1 or self.steps < 1 or self.nodes < 2:
             raise ValueError(f"verify shape needs topk >= 1, steps >= 1 and nodes >= 2, got {self.describe()}")
         if self.topk == 1 and self.nodes != self.steps + 1:
-            raise ValueError(f"with topk 1 a verify row is a chain: nodes must be steps + 1 = {self.steps + 1}, got {self.nodes}")
+            raise ValueError(
+                f"with topk 1 a verify row is a chain: nodes must be steps + 1 = {self.steps + 1}, got {self.nodes}")
         bound = self.topk + (self.steps - 1) * self.topk ** 2
         if self.nodes - 1 > bound:
             raise ValueError(f"nodes - 1 = {self.nodes - 1} exceeds what EAGLE3 drafts at topk {self.topk}, "
@@ -151,7 +152,8 @@ class Eagle3Curve:
                     raise ValueError
                 points.append((int(nodes), float(tokens)))
             except ValueError:
-                raise ValueError(f"bad EAGLE3 curve point {item!r}; expected NODES:TOKENS, e.g. 3:1.75,15:2.1") from None
+                raise ValueError(
+                    f"bad EAGLE3 curve point {item!r}; expected NODES:TOKENS, e.g. 3:1.75,15:2.1") from None
         return cls(tuple(points))
 
     @classmethod

@@ -57,7 +57,8 @@ def synth_traces(synth_dir) -> str:
     from sglang_hvd.cli.import_traces import main
 
     path = os.path.join(synth_dir, "traces.jsonl")
-    assert main([os.path.join(synth_dir, "conversations.jsonl"), "--tokenizer", os.path.join(synth_dir, "tokenizer"), "-o", path]) == 0
+    conversations, tokenizer = os.path.join(synth_dir, "conversations.jsonl"), os.path.join(synth_dir, "tokenizer")
+    assert main([conversations, "--tokenizer", tokenizer, "-o", path]) == 0
     return path
 
 

@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sglang_hvd.drafter.protocol import EMPTY_DRAFT, EMPTY_TREE, GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree
+from sglang_hvd.drafter.protocol import (
+    EMPTY_DRAFT,
+    EMPTY_TREE,
+    GLOBAL_TREE,
+    LOCAL_TREE,
+    Draft,
+    DrafterConfig,
+    DraftTree,
+)
 
 
 class NaiveDrafter:
@@ -124,7 +132,8 @@ class NaiveDrafter:
                     child = prob * (len(hits) / len(cur))
                     if child < self.config.min_token_prob:
                         continue
-                    found.append(((-child, depth, -max(docs[d][i][1] for d, i in hits)), path + (tok,), child, len(hits)))
+                    newest = max(docs[d][i][1] for d, i in hits)
+                    found.append(((-child, depth, -newest), path + (tok,), child, len(hits)))
                     if depth < limit:
                         expand(self._newest(docs, hits, k), path + (tok,), child, depth + 1)
 

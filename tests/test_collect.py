@@ -99,7 +99,7 @@ def test_a_server_dying_mid_run_keeps_progress_and_the_rerun_resumes(synth_dir, 
     assert hvd(args(synth_dir, out, server.url, "--retries", "1")) == 2
     err = capsys.readouterr().err
     assert "still failing after 1 retries (HTTP 503)" in err and "rerun the same command to resume" in err
-    kept = [json.loads(l)["req_id"] for l in open(str(out) + ".partial")]
+    kept = [json.loads(line)["req_id"] for line in open(str(out) + ".partial")]
     assert len(kept) == 5 and not out.exists()
     server.fail = lambda n: None
     before = server.calls

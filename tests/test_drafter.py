@@ -139,7 +139,8 @@ def test_lifecycle_errors_are_clear(make):
 
 tokens = st.integers(min_value=0, max_value=4)  # a tiny vocabulary makes repeats likely
 requests = st.lists(
-    st.tuples(st.lists(tokens, min_size=1, max_size=12), st.lists(st.lists(tokens, min_size=1, max_size=4), max_size=6)),
+    st.tuples(st.lists(tokens, min_size=1, max_size=12),
+              st.lists(st.lists(tokens, min_size=1, max_size=4), max_size=6)),
     min_size=1, max_size=5,
 )
 configs = st.fixed_dictionaries({
@@ -191,7 +192,8 @@ def test_same_drafts_as_the_naive_reference(name, reqs, cfg):
         if got.tokens:
             ctx = naive.context(rid)
             path = ctx[len(ctx) - got.match_len :] + list(got.tokens)
-            assert any(_occurs(h, path) for h in [naive.context(rid)] + [[t for t, _ in v] for v in naive.responses.values()])
+            history = [naive.context(rid)] + [[t for t, _ in v] for v in naive.responses.values()]
+            assert any(_occurs(h, path) for h in history)
             assert len(got.tokens) <= config.budget(got.match_len)
         # Eviction keeps the budget, unless running responses alone exceed it.
         cached = real.memory_stats()["global_tokens"]
@@ -231,8 +233,8 @@ def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
     global tree, max_occurrences 3 (narrowing inside the tree): equal trees, and most of
     them branch."""
     rng = np.random.default_rng(5)
-    config = DrafterConfig(max_depth=8, max_spec_tokens=6, max_spec_factor=2.0, max_spec_offset=0.0, min_token_prob=0.05,
-                           max_occurrences=3, max_scan=5)
+    config = DrafterConfig(max_depth=8, max_spec_tokens=6, max_spec_factor=2.0, max_spec_offset=0.0,
+                           min_token_prob=0.05, max_occurrences=3, max_scan=5)
     real, naive = create_drafter(name, config), NaiveDrafter(config)
     branching = compared = grafted = 0
     for r in range(40):
@@ -271,7 +273,8 @@ def test_a_tree_draft_keeps_the_sibling_a_chain_drops(name):
 
 @pytest.mark.parametrize("name", DRAFTERS)
 @settings(max_examples=60, deadline=None)
-@given(prompt=st.lists(tokens, min_size=1, max_size=20), output=st.lists(tokens, min_size=1, max_size=30), cut=st.integers(1, 5))
+@given(prompt=st.lists(tokens, min_size=1, max_size=20), output=st.lists(tokens, min_size=1, max_size=30),
+       cut=st.integers(1, 5))
 def test_drafts_do_not_depend_on_how_appends_are_chunked(name, prompt, output, cut):
     one, many = create_drafter(name), create_drafter(name)
     one.start_request("a", prompt)

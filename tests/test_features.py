@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_hvd.drafter import Draft, DrafterConfig, create_drafter
-from sglang_hvd.drafter.protocol import DraftTree
 from sglang_hvd.drafter.batch import RowTreeBatch
+from sglang_hvd.drafter.protocol import DraftTree
 from sglang_hvd.drafter.row_tree import row_tree
 from sglang_hvd.features import FEATURE_NAMES, FeatureExtractor, tree_features
-from sglang_hvd.request_state import RequestHistory, StateSnapshot
 from sglang_hvd.replay.labelled import iter_labelled
+from sglang_hvd.request_state import RequestHistory, StateSnapshot
 from sglang_hvd.token_flags import FLAG_BITS, FLAG_NAMES, build_token_flags, flags_of
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
 
@@ -114,7 +114,8 @@ def test_changing_tokens_after_p_changes_no_feature_of_p(prompt, prefix, tail_a,
     ex = FeatureExtractor(FLAGS, DrafterConfig(max_depth=12))
     rows = []
     for suffix in (tail_a, tail_b):
-        (req,) = iter_labelled(_records(prefix, suffix, prompt), create_drafter("python", DrafterConfig(max_depth=12)), ex)
+        drafter = create_drafter("python", DrafterConfig(max_depth=12))
+        (req,) = iter_labelled(_records(prefix, suffix, prompt), drafter, ex)
         keep = req.positions <= len(prefix)
         rows.append((req.positions[keep], req.features[keep]))
     assert np.array_equal(rows[0][0], rows[1][0])

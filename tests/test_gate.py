@@ -29,7 +29,8 @@ def rec(conv, turn, source):
 
 
 @settings(max_examples=50, deadline=None)
-@given(convs=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 4), st.sampled_from(["a", "b", "c"])), min_size=1, max_size=60),
+@given(convs=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 4), st.sampled_from(["a", "b", "c"])),
+                     min_size=1, max_size=60),
        val=st.sampled_from([0.1, 0.2, 0.3]), test=st.sampled_from([0.0, 0.2]), seed=st.integers(0, 3))
 def test_split_never_puts_a_conversation_on_two_sides(convs, val, test, seed):
     records = [rec(f"{src}{c}", t, src) for c, turns, src in convs for t in range(turns)]
@@ -52,9 +53,9 @@ def _tiny_model():
 
 
 def _spec():
+    from sglang_hvd.decision import DecisionRule
     from sglang_hvd.drafter import DrafterConfig
     from sglang_hvd.gate_spec import GateSpec
-    from sglang_hvd.decision import DecisionRule
     from sglang_hvd.verify import VerifyModel
 
     return GateSpec(decision=DecisionRule(1.0, 3), drafter=DrafterConfig(), verify=VerifyModel(),
@@ -69,7 +70,8 @@ def test_export_matches_torch_and_loads_as_a_gate(tmp_path):
     assert sorted(os.listdir(tmp_path / "g")) == ["gate.json", "gate.onnx", "token_flags.npy"]
     umask = os.umask(0)
     os.umask(umask)
-    assert os.stat(tmp_path / "g").st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700: servers of other users read it
+    # not mkdtemp's 0700: servers of other users read it
+    assert os.stat(tmp_path / "g").st_mode & 0o777 == 0o777 & ~umask
     gate = Gate(str(tmp_path / "g"))
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
@@ -77,7 +79,8 @@ def test_export_matches_torch_and_loads_as_a_gate(tmp_path):
     assert got.shape == (400,) and np.max(np.abs(got - want)) <= 1e-4
     assert (gate.rule.threshold, gate.rule.eagle_reserve, gate.verify_model.shape.nodes) == (1.0, 3, 16)
     proto = to_onnx(model)
-    assert [i.name for i in proto.graph.input] == ["features"] and [o.name for o in proto.graph.output] == ["accept_len"]
+    assert [i.name for i in proto.graph.input] == ["features"]
+    assert [o.name for o in proto.graph.output] == ["accept_len"]
     assert json.loads((tmp_path / "g" / "gate.json").read_text())["export"]["parity_rows"] == 100
 
 
@@ -104,8 +107,10 @@ def test_bad_gates_are_refused_at_load_time_with_the_reason(tmp_path):
 
     with pytest.raises(GateError, match="gate directory not found"):
         Gate(str(tmp_path / "nowhere"))
-    old = variant("old", lambda d: (d / "gate.json").write_text(json.dumps({**_spec().to_json(), "feature_schema_version": 0})))
-    with pytest.raises(GateError, match=r"trained on feature schema 0 \(67 features\), but this sglang-hvd computes schema 2 \(67 features\)"):
+    schema0 = {**_spec().to_json(), "feature_schema_version": 0}
+    old = variant("old", lambda d: (d / "gate.json").write_text(json.dumps(schema0)))
+    with pytest.raises(GateError, match=r"trained on feature schema 0 \(67 features\), "
+                                        r"but this sglang-hvd computes schema 2 \(67 features\)"):
         Gate(old)
     with pytest.raises(GateError, match="token_flags.npy: missing"):
         Gate(variant("noflags", lambda d: os.unlink(d / "token_flags.npy")))
@@ -114,8 +119,8 @@ def test_bad_gates_are_refused_at_load_time_with_the_reason(tmp_path):
     with pytest.raises(GateError, match="not valid JSON"):
         Gate(variant("badjson", lambda d: (d / "gate.json").write_text("{")))
     v1 = {**_spec().to_json(), "format_version": 1}
-    with pytest.raises(GateError, match=r"gate format version 1, this sglang-hvd reads 2 \(written before verify shapes; "
-                                        r"retrain it with `hvd train`\)"):
+    with pytest.raises(GateError, match=r"gate format version 1, this sglang-hvd reads 2 "
+                                        r"\(written before verify shapes; retrain it with `hvd train`\)"):
         Gate(variant("v1", lambda d: (d / "gate.json").write_text(json.dumps(v1))))
     bad_shape = _spec().to_json()
     bad_shape["verify"]["shape"]["nodes"] = 40
@@ -159,7 +164,8 @@ def test_eval_and_train_refuse_bad_inputs(demo_dir, tmp_path, capsys):
     assert not (tmp_path / "g").exists()
     tok = os.path.join(demo_dir, "tokenizer")
     # dense rows are labelled with the chain's payoff: siblings are refused with them, and off by default
-    assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "d"), "--rows", "dense", "--cache-siblings", "2"]) == 2
+    assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "d"), "--rows", "dense",
+                "--cache-siblings", "2"]) == 2
     assert "with --rows dense pass --cache-siblings 0" in capsys.readouterr().err
     assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "g1"), "--cache-siblings", "2",
                 "--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "4"]) == 2
@@ -184,7 +190,8 @@ def test_eval_plot_and_json(demo_dir, tmp_path):
 def test_gate_spec_round_trips_through_json():
     from sglang_hvd.gate_spec import GateSpec, GateSplit
 
-    spec = dataclasses_replace(_spec(), rule_threshold=1.5, split=GateSplit(seed=3, group_by="task", test_conversations=("a",)),
+    spec = dataclasses_replace(_spec(), rule_threshold=1.5,
+                               split=GateSplit(seed=3, group_by="task", test_conversations=("a",)),
                                provenance={"model": {"hidden": [64, 64]}})
     back = GateSpec.from_json(json.loads(json.dumps(spec.to_json())))
     assert back == dataclasses_replace(spec, provenance={"model": {"hidden": [64, 64]}})
@@ -198,8 +205,8 @@ def dataclasses_replace(obj, **kw):
 
 
 def test_decision_rules_carry_cache_siblings_and_older_gates_read_as_chains():
-    from sglang_hvd.gate_spec import GateSpec
     from sglang_hvd.decision import DecisionRule
+    from sglang_hvd.gate_spec import GateSpec
 
     spec = dataclasses_replace(_spec(), decision=DecisionRule(0.5, 1, 4))
     d = spec.to_json()
@@ -212,14 +219,15 @@ def test_decision_rules_carry_cache_siblings_and_older_gates_read_as_chains():
 def test_training_labels_are_the_payoff_of_the_row_the_decision_verifies():
     from sglang_hvd.drafter import DrafterConfig
     from sglang_hvd.predictor.dataset import build_dataset
-    from sglang_hvd.verify import VerifyModel
-    from sglang_hvd.verify import VerifyShape
+    from sglang_hvd.verify import VerifyModel, VerifyShape
 
     # "1 2" continued by 3 8 twice and by 4 7 once; the output takes 4 7 5: the chain (3 8)
     # accepts nothing, the row tree with siblings (3 8, then 4 7 under the root) accepts 2.
     r = TraceRecord(req_id="a", conv_id="a", turn=0, source="s", tokenizer=TokenizerId("t", "d"),
-                    prompt_ids=token_array([1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]), output_ids=token_array([4, 7, 5]))
-    model, flags, cfg = VerifyModel(VerifyShape(4, 3, 16)), np.zeros(20, np.uint16), DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)
+                    prompt_ids=token_array([1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]),
+                    output_ids=token_array([4, 7, 5]))
+    model, flags = VerifyModel(VerifyShape(4, 3, 16)), np.zeros(20, np.uint16)
+    cfg = DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)
     chain = build_dataset([r], "python", cfg, flags, rows="serving", model=model)
     tree = build_dataset([r], "python", cfg, flags, rows="serving", model=model, siblings=4)
     # the first rows: the four behaviour policies' views of position 0
@@ -249,7 +257,8 @@ def test_replay_runs_the_hvd_policy_with_a_gate_and_refuses_other_tokenizers(dem
     assert hvd(["replay", traces, "--gate", gate, "--policies", "eagle3_only,hvd,oracle", "--limit", "40",
                 "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["verify"] == {"shape": {"topk": 4, "steps": 3, "nodes": 16}, "eagle3_curve": "1:1.45,2:1.66,3:1.75,7:1.95,15:2.1"}
+    assert data["verify"] == {"shape": {"topk": 4, "steps": 3, "nodes": 16},
+                              "eagle3_curve": "1:1.45,2:1.66,3:1.75,7:1.95,15:2.1"}
     p = data["overall"]["policies"]
     assert p["hvd"]["cycles_per_1k"] < p["eagle3_only"]["cycles_per_1k"] and p["hvd"]["two_branch_rate"] > 0
     assert hvd(["replay", traces, "--policies", "hvd"]) == 2

@@ -12,16 +12,15 @@ from hypothesis import strategies as st
 from conftest import shared_file
 from sglang_hvd.cli.main import main as hvd
 from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.verify import RowPlan
-from sglang_hvd.verify import VerifyModel
-from sglang_hvd.verify import Eagle3Curve, Eagle3Stream, VerifyShape
 from sglang_hvd.replay.engine import ReconstructionError, accept_len, iter_dense, iter_serving
 from sglang_hvd.replay.policies import PolicyOptions, make_policies
 from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
+from sglang_hvd.verify import Eagle3Curve, Eagle3Stream, RowPlan, VerifyModel, VerifyShape
 
 TOK = TokenizerId("toy", "d")
-FACTOR1 = DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)  # SuffixDecoding's budget: a p-token match drafts at most p tokens
+# SuffixDecoding's budget: a p-token match drafts at most p tokens
+FACTOR1 = DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)
 
 
 def rec(req_id, prompt, output, source="toy", conv=None):
@@ -69,7 +68,8 @@ def test_verify_shape_follows_sglangs_bounds():
     assert not VerifyShape(1, 3, 4).allows_branches
     with pytest.raises(ValueError, match="nodes must be steps \\+ 1 = 4"):
         VerifyShape(1, 3, 8)
-    with pytest.raises(ValueError, match=r"exceeds what EAGLE3 drafts at topk 2, 3 steps \(topk \+ \(steps - 1\) \* topk\^2 = 10\)"):
+    with pytest.raises(ValueError, match=r"exceeds what EAGLE3 drafts at topk 2, 3 steps "
+                                         r"\(topk \+ \(steps - 1\) \* topk\^2 = 10\)"):
         VerifyShape(2, 3, 12)
     assert VerifyShape(2, 3, 11).draft_nodes == 10
 
@@ -90,7 +90,8 @@ def test_serving_walk_of_cache_only_on_a_literal_trace():
     # The output repeats the prompt's "1 2 3 4 5 6 7 8", then ends with 9.
     record = rec("a", [1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 9])
     policies = make_policies(["greedy", "cache_only"], PolicyOptions())
-    steps = list(iter_serving([record], create_drafter("python", FACTOR1), policies, VerifyModel(VerifyShape(4, 3, 16))))
+    model = VerifyModel(VerifyShape(4, 3, 16))
+    steps = list(iter_serving([record], create_drafter("python", FACTOR1), policies, model))
     cache = [(s.pos, s.choice, s.draft.tokens, s.accept_len, s.out_len) for s in steps if s.policy == "cache_only"]
     assert cache == [
         (0, "greedy", (), 0, 1),                    # "0" occurs only as the context: no draft, plain step
@@ -141,7 +142,8 @@ traces = st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=15)
 @given(traces=traces, mean=st.sampled_from([1.0, 1.75, 2.5]))
 def test_cache_only_never_needs_more_cycles_than_greedy(traces, mean):
     records = [rec(f"r{i}", p, o) for i, (p, o) in enumerate(traces)]
-    policies = make_policies(["greedy", "eagle3_only", "cache_only", "rule", "oracle"], PolicyOptions(rule_thresholds=(0.5, 2.0)))
+    policies = make_policies(["greedy", "eagle3_only", "cache_only", "rule", "oracle"],
+                             PolicyOptions(rule_thresholds=(0.5, 2.0)))
     model = VerifyModel(VerifyShape(4, 3, 16), Eagle3Curve.constant(mean))
     result = simulate(records, create_drafter("python", DrafterConfig(max_depth=8)), policies, model)
     p = result.overall.policies
@@ -159,8 +161,9 @@ def test_regression_cache_only_cycles_on_swe_agent(tmp_path, qwen_dir):
     assert hvd(["import", shared_file("swe_agent.jsonl"), "--tokenizer", qwen_dir, "-o", str(traces)]) == 0
     out = tmp_path / "r.json"
     # A verify wide enough for the longest draft (64 tokens): the drafter's figure uncapped.
-    assert hvd(["replay", str(traces), "--policies", "greedy,eagle3_only,cache_only", "--json", str(out), "--max-spec-factor", "1",
-                "--max-spec-offset", "0", "--verify-topk", "8", "--verify-steps", "3", "--verify-nodes", "65", "--eagle3-mean", "1.75"]) == 0
+    assert hvd(["replay", str(traces), "--policies", "greedy,eagle3_only,cache_only", "--json", str(out),
+                "--max-spec-factor", "1", "--max-spec-offset", "0", "--verify-topk", "8", "--verify-steps", "3",
+                "--verify-nodes", "65", "--eagle3-mean", "1.75"]) == 0
     policies = json.loads(out.read_text())["sources"]["swe-agent"]["policies"]
     # Measured with the python drafter (depth 64, factor 1, offset 0, min prob 0.1);
     # a change of the drafter's semantics moves this figure. Tolerance: 1%.
@@ -172,7 +175,8 @@ def test_regression_cache_only_cycles_on_swe_agent(tmp_path, qwen_dir):
 def test_replay_cli_json_layout_and_tables(synth_traces, tmp_path, capsys):
     out = tmp_path / "r.json"
     steps = tmp_path / "steps.jsonl"
-    assert hvd(["replay", synth_traces, "--json", str(out), "--rule-threshold", "2", "--steps", str(steps), "--limit", "60"]) == 0
+    assert hvd(["replay", synth_traces, "--json", str(out), "--rule-threshold", "2", "--steps", str(steps),
+                "--limit", "60"]) == 0
     text = capsys.readouterr().out
     assert "overall:" in text and "rule@2" in text and "tokens/s" in text
     data = json.loads(out.read_text())
@@ -214,7 +218,8 @@ def test_row_trees_in_replay_cache_tree_and_the_tree_oracle_follow_a_sibling():
     prompt = [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]
     record = rec("a", prompt, [4, 7, 5])
     policies = make_policies(["cache_only", "cache_tree", "oracle", "tree_oracle"], PolicyOptions(eagle3_tokens=2.1))
-    steps = list(iter_serving([record], create_drafter("python", FACTOR1), policies, VerifyModel(VerifyShape(4, 3, 16))))
+    model = VerifyModel(VerifyShape(4, 3, 16))
+    steps = list(iter_serving([record], create_drafter("python", FACTOR1), policies, model))
     first = {s.policy: (s.plan.cache_len, s.plan.eagle_nodes, s.out_len) for s in steps if s.pos == 0}
     assert first == {
         "cache_only": (2, 0, 1),  # the chain 3 8 (a 2-token match drafts 2): wrong at once, the bonus alone

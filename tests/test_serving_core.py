@@ -3,31 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-
 import os
 
 import numpy as np
 import pytest
 
-from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.errors import HvdInputError
-from sglang_hvd.replay.engine import accept_len
-from sglang_hvd.serving.config import HVDServingConfig
-from sglang_hvd.serving.recorder import TraceRecorder
 from sglang_hvd.decision import DecisionRule, decide
-from sglang_hvd.request_state import RequestState
+from sglang_hvd.drafter import DrafterConfig, create_drafter
+from sglang_hvd.drafter.batch import DraftBatch
+from sglang_hvd.drafter.protocol import Draft
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.features import FeatureExtractor
+from sglang_hvd.gate import Gate
 from sglang_hvd.replay.engine import iter_serving
 from sglang_hvd.replay.fleet import serve_fleet
 from sglang_hvd.replay.policies import GatePolicy, RulePolicy
 from sglang_hvd.replay.simulate import simulate
-from sglang_hvd.serving.stepper import HVDStepper
-from sglang_hvd.features import FeatureExtractor
-from sglang_hvd.gate import Gate
+from sglang_hvd.request_state import RequestState
 from sglang_hvd.scorer import ScoreRule
-from sglang_hvd.drafter.batch import DraftBatch
-from sglang_hvd.drafter.protocol import Draft
+from sglang_hvd.serving.config import HVDServingConfig
+from sglang_hvd.serving.recorder import TraceRecorder
+from sglang_hvd.serving.stepper import HVDStepper
 from sglang_hvd.trace import TokenizerId, TraceRecord, iter_traces, token_array
-from sglang_hvd.verify import Eagle3Stream, RowPlan, VerifyModel, VerifyShape
+from sglang_hvd.verify import RowPlan, VerifyModel, VerifyShape
 
 
 def test_config_round_trips_through_the_environment():
@@ -92,8 +90,8 @@ def test_stepper_serves_losslessly_and_records_replayable_traces(demo_dir, demo_
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:40]
     recorder = TraceRecorder(str(tmp_path / "served.jsonl"))
     rule = dataclasses.replace(demo_gate.rule, cache_siblings=siblings)
-    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), demo_gate, demo_gate.verify_model.shape, rule=rule,
-                         recorder=recorder, tokenizer=records[0].tokenizer)
+    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), demo_gate, demo_gate.verify_model.shape,
+                         rule=rule, recorder=recorder, tokenizer=records[0].tokenizer)
     emitted = serve(records, stepper, demo_gate.verify_model)
     recorder.close()
     for r in records:
@@ -137,8 +135,9 @@ def test_server_and_replay_make_the_same_decisions_step_by_step(demo_dir, demo_g
     serve(records, stepper, model, concurrency=1, log=served)
     assert (sum(trees) > 100) == (siblings > 0)
     policy = GatePolicy(demo_gate, rule)
-    replayed = [(s.req_id, s.pos, s.plan) for s in iter_serving(records, create_drafter("python", demo_gate.drafter_config),
-                                                                   [policy], model, prefill_first=True) if s.pos]
+    drafter = create_drafter("python", demo_gate.drafter_config)
+    replayed = [(s.req_id, s.pos, s.plan)
+                for s in iter_serving(records, drafter, [policy], model, prefill_first=True) if s.pos]
     assert len(served) == len(replayed) > 1000  # verify steps of 60 requests
     assert [(rid, pos, plan) for rid, pos, plan, _ in served] == replayed
     # Same predictions, bit for bit, for every judged draft.
@@ -171,7 +170,8 @@ def test_the_served_score_rule_is_replays_rule_at_topk_1(demo_dir, demo_gate):
 
 def test_a_gate_failing_at_run_time_falls_back_to_eagle3(demo_dir, demo_gate, caplog):
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:6]
-    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), FailingGate(demo_gate), demo_gate.verify_model.shape)
+    stepper = HVDStepper(create_drafter("python", demo_gate.drafter_config), FailingGate(demo_gate),
+                         demo_gate.verify_model.shape)
     with caplog.at_level("ERROR"):
         emitted = serve(records, stepper, demo_gate.verify_model)
     assert all(emitted[r.req_id] == r.output_ids.tolist() for r in records)
@@ -240,7 +240,8 @@ class Sure:  # a gate that always predicts a long accepted run
 
 def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
-    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
+    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)),
+                    Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
                     VerifyShape(2, 3, 8), recorder=rec)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     st.sync("r", prompt, [])
@@ -263,8 +264,10 @@ def test_a_two_branch_row_won_by_eagle3_is_recorded_as_an_eagle3_step(tmp_path):
 
 def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp_path):
     rec = TraceRecorder(str(tmp_path / "t.jsonl"))
-    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=4.0, max_spec_offset=0.0)), Sure(FeatureExtractor(np.zeros(60, np.uint16), DrafterConfig())),
-                    VerifyShape(2, 3, 8), rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4), recorder=rec)
+    st = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=4.0, max_spec_offset=0.0)),
+                    Sure(FeatureExtractor(np.zeros(60, np.uint16), DrafterConfig())),
+                    VerifyShape(2, 3, 8), rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4),
+                    recorder=rec)
     # after "1 2" the chain says 3 8 1 2 (2 of 3 times), the tree draft also 4 7 (1 of 3)
     prompt = [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 7, 9, 1, 2]
     st.sync("r", prompt, [])
@@ -280,8 +283,9 @@ def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp
     st.sync("r", prompt, [5, 1])
     st.finish("r")
     # a shorter chain: "9 1 2" was seen once, followed by nothing; "1 2" drafts 3 8 1 2 ... and the sibling 4 7
-    st2 = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)), st.gate, VerifyShape(2, 3, 8),
-                     rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4), recorder=rec)
+    st2 = HVDStepper(create_drafter("python", DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)), st.gate,
+                     VerifyShape(2, 3, 8), rule=DecisionRule(threshold=1.0, eagle_reserve=0, cache_siblings=4),
+                     recorder=rec)
     st2.sync("q", prompt, [])
     plans = st2.plan(["q"])
     n = int(plans.cache_lens[0])
@@ -294,13 +298,15 @@ def test_a_tree_row_won_by_a_sibling_is_recorded_as_the_cache_branch_it_took(tmp
     got = {r.req_id: r for r in iter_traces(str(tmp_path / "t.jsonl"))}
     assert [(s.pos, s.src, s.draft, s.accept_len) for s in got["q"].steps] == [(0, "cache", (4, 7), 2)]
     s = st2.summary()
-    assert (s["cache_rows"], s["tree_rows"], s["sibling_wins"], s["cache_accepted"], s["eagle3_branch_wins"]) == (1, 1, 1, 2, 0)
+    got_counts = (s["cache_rows"], s["tree_rows"], s["sibling_wins"], s["cache_accepted"], s["eagle3_branch_wins"])
+    assert got_counts == (1, 1, 1, 2, 0)
     assert st.summary()["tree_rows"] == 0
 
 
 def test_fleet_serves_turns_in_order_and_drafts_from_what_was_generated_before():
     def rec(conv: str, turn: int, prompt: list[int], out: list[int]) -> TraceRecord:
-        return TraceRecord(f"{conv}/{turn}", conv, turn, "s", TokenizerId("t", "d"), token_array(prompt), token_array(out))
+        return TraceRecord(f"{conv}/{turn}", conv, turn, "s", TokenizerId("t", "d"), token_array(prompt),
+                           token_array(out))
 
     out = list(range(1000, 1060))  # no token repeats: a cache draft can only come from another response
     prompt = list(range(2000, 2030))
@@ -308,7 +314,8 @@ def test_fleet_serves_turns_in_order_and_drafts_from_what_was_generated_before()
     model = VerifyModel(VerifyShape(1, 3, 4))
 
     def run(concurrency: int):
-        st = HVDStepper(create_drafter("python", DrafterConfig()), Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
+        st = HVDStepper(create_drafter("python", DrafterConfig()),
+                        Sure(FeatureExtractor(np.zeros(50, np.uint16), DrafterConfig())),
                         model.shape, rule=DecisionRule(-np.inf, 0))
         steps = []
         result = serve_fleet(convs, st, model, concurrency, policy="x", on_step=steps.append)

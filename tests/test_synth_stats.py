@@ -5,20 +5,20 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 
 from sglang_hvd.cli.main import main as hvd
 from sglang_hvd.conversation import iter_conversations
 from sglang_hvd.stats import RepetitionProfiler
-from sglang_hvd.synth.workload import SynthConfig, generate
 from sglang_hvd.trace import TokenizerId, TraceRecord, iter_traces, token_array
 
 
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):
         assert hvd(["synth", "-o", str(tmp_path / name), "--sessions", "8", "--seed", str(seed)]) == 0
-    read = lambda n, f: (tmp_path / n / f).read_bytes()
+    def read(n, f):
+        return (tmp_path / n / f).read_bytes()
+
     assert read("a", "conversations.jsonl") == read("b", "conversations.jsonl")
     assert read("a", "tokenizer/tokenizer.json") == read("b", "tokenizer/tokenizer.json")
     assert read("a", "conversations.jsonl") != read("c", "conversations.jsonl")
@@ -33,7 +33,8 @@ def test_sessions_are_valid_conversations_of_every_kind(synth_dir):
     assert {"get_customer", "get_order"} <= set(calls)
     # Arguments depend on state: the same call structure with different order ids.
     order_ids = {json.loads(call["function"]["arguments"])["order_id"]
-                 for c in tools for m in c.messages for call in m.get("tool_calls") or [] if call["function"]["name"] == "get_order"}
+                 for c in tools for m in c.messages for call in m.get("tool_calls") or []
+                 if call["function"]["name"] == "get_order"}
     assert len(order_ids) > 10
 
 

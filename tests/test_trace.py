@@ -30,7 +30,8 @@ def line(**override):
 @pytest.mark.parametrize("name", ["t.jsonl", "t.jsonl.gz"])
 def test_round_trip_keeps_every_field(tmp_path, name):
     path = str(tmp_path / name)
-    steps = (TraceStep(pos=0, src="cache", draft=(4, 5, 9), accept_len=2), TraceStep(pos=3, src="eagle3", draft=(), accept_len=0))
+    steps = (TraceStep(pos=0, src="cache", draft=(4, 5, 9), accept_len=2),
+             TraceStep(pos=3, src="eagle3", draft=(), accept_len=0))
     with TraceWriter(path) as w:
         w.write(record("c#0", steps))
         w.write(record("c#1"))
@@ -59,9 +60,12 @@ def test_round_trip_keeps_every_field(tmp_path, name):
         (line(prompt_ids=[1, 2.5]), "'prompt_ids' must hold non-negative integers only"),
         (line(req_id=""), "'req_id' must be a non-empty string"),
         (line(tokenizer="qwen"), "'tokenizer' must be an object with 'name' and 'digest'"),
-        (line(steps=[{"pos": 0, "src": "ngram", "draft": [4], "accept_len": 1}]), "steps[0]: 'src' must be one of cache, eagle3, greedy"),
-        (line(steps=[{"pos": 1, "src": "cache", "draft": [9], "accept_len": 1}]), "steps[0]: the accepted draft prefix differs from output_ids at pos 1"),
-        (line(steps=[{"pos": 9, "src": "cache", "draft": [], "accept_len": 0}]), "steps[0]: pos 9 is past the output (4 tokens)"),
+        (line(steps=[{"pos": 0, "src": "ngram", "draft": [4], "accept_len": 1}]),
+         "steps[0]: 'src' must be one of cache, eagle3, greedy"),
+        (line(steps=[{"pos": 1, "src": "cache", "draft": [9], "accept_len": 1}]),
+         "steps[0]: the accepted draft prefix differs from output_ids at pos 1"),
+        (line(steps=[{"pos": 9, "src": "cache", "draft": [], "accept_len": 0}]),
+         "steps[0]: pos 9 is past the output (4 tokens)"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, bad, message):
@@ -83,7 +87,8 @@ def test_skip_invalid_counts_and_keeps_going(tmp_path):
     # line 4 repeats req_id c#0: a duplicate is invalid too
     assert got == ["c#0", "c#9"]
     assert report.num_skipped == 3
-    assert report.first_errors[0] == f"{path}:2: invalid JSON (Expecting property name enclosed in double quotes at column 2)"
+    assert report.first_errors[0] == (
+        f"{path}:2: invalid JSON (Expecting property name enclosed in double quotes at column 2)")
     assert report.first_errors[2] == f"{path}:4: duplicate req_id 'c#0'"
 
 

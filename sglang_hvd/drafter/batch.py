@@ -91,7 +91,8 @@ class RowTreeBatch:
     def __post_init__(self):
         b = len(self.lengths)
         if self.tokens.ndim != 2 or self.tokens.shape[0] != b or self.parents.shape != self.tokens.shape:
-            raise ValueError(f"row-tree batch of {b} rows with tokens {self.tokens.shape}, parents {self.parents.shape}")
+            raise ValueError(
+                f"row-tree batch of {b} rows with tokens {self.tokens.shape}, parents {self.parents.shape}")
 
     def __len__(self) -> int:
         return len(self.lengths)

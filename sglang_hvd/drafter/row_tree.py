@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-
 from .protocol import Draft, DraftTree
 
 
@@ -84,7 +83,9 @@ def accept_len(draft_tokens: Sequence[int], continuation: Sequence[int], start: 
     return k
 
 
-def row_path(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], start: int = 0) -> tuple[int, ...]:
+def row_path(
+    tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int], start: int = 0
+) -> tuple[int, ...]:
     """The nodes greedy verification passes through when the output is continuation[start:]:
     from the root, at each depth the child holding the next token (siblings hold distinct
     tokens), until none does or the output ends."""

@@ -48,7 +48,8 @@ class SuffixDrafter:
         if req_id in self._finished:  # a reused id replaces its old cached response
             del self._finished[req_id]
             self._global.remove_doc(req_id)
-        local = TokenIndex(pad=self.config.max_depth, initial_capacity=len(prompt_ids) + 2 * self.config.max_depth + 512)
+        capacity = len(prompt_ids) + 2 * self.config.max_depth + 512
+        local = TokenIndex(pad=self.config.max_depth, initial_capacity=capacity)
         local.add_doc(0, as_token_array(prompt_ids))
         self._local[req_id] = local
         self._global.add_doc(req_id, np.zeros(0, dtype=np.int32), spare=64)

@@ -130,7 +130,8 @@ class TokenIndex:
 
     def nbytes(self) -> int:
         """Bytes held by the arena and the index (Python lists counted at ~36 B/entry)."""
-        return int(self.arena.nbytes + self.stamps.nbytes + self._sorted_pos.nbytes + self._sorted_tok.nbytes + 36 * self._num_recent)
+        index = self._sorted_pos.nbytes + self._sorted_tok.nbytes + 36 * self._num_recent
+        return int(self.arena.nbytes + self.stamps.nbytes + index)
 
     # -- internals -------------------------------------------------------------------
 

@@ -104,7 +104,8 @@ def _plan_all(policies: Sequence[Policy], views: list[StepView]) -> list[RowPlan
             groups.setdefault(key, []).append(k)
     for members in groups.values():
         first = policies[members[0]]
-        for k, plan in zip(members, type(first).plan_batch([policies[k] for k in members], [views[k] for k in members])):
+        batch = type(first).plan_batch([policies[k] for k in members], [views[k] for k in members])
+        for k, plan in zip(members, batch):
             plans[k] = plan
     return plans
 
@@ -143,7 +144,8 @@ def iter_serving(
             row = speculate_row(drafter, record.req_id, shape.draft_nodes) if trees else EMPTY_ROW
             rows.append(row)
             # the nodes the output passes through: a chain's are its first LCP nodes
-            paths.append(row_path(row.tokens, row.parents, out_list, pos) if trees else chain_path(min(label, shape.draft_nodes)))
+            paths.append(row_path(row.tokens, row.parents, out_list, pos) if trees
+                         else chain_path(min(label, shape.draft_nodes)))
         streams = [Eagle3Stream() for _ in policies]
         # Only policies that read the request's state (the gate) pay for keeping it.
         states = [RequestState(record.prompt_ids) if p.needs_state else None for p in policies]

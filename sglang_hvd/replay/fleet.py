@@ -67,7 +67,8 @@ def conversations_of(records: Sequence[TraceRecord]) -> list[list[TraceRecord]]:
 
 
 def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStepper, model: VerifyModel,
-                concurrency: int, policy: str = "hvd", on_step: Callable[[FleetStep], None] | None = None) -> FleetResult:
+                concurrency: int, policy: str = "hvd",
+                on_step: Callable[[FleetStep], None] | None = None) -> FleetResult:
     """Serve ``conversations`` (each a list of turns in order) through ``stepper``;
     tallies under the name ``policy`` per source."""
     if concurrency < 1:
@@ -123,7 +124,8 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStep
             plan = plans.plan(i)
             # a row verifies at most N-1 cache nodes: only that much of the recording is compared
             accepted = len(row_path(plans.cache_tokens[i, : plan.cache_len].tolist(),
-                               plans.cache_parents[i, : plan.cache_len].tolist(), r.output_ids[pos : pos + plan.cache_len].tolist()))
+                                    plans.cache_parents[i, : plan.cache_len].tolist(),
+                                    r.output_ids[pos : pos + plan.cache_len].tolist()))
             out = min(model.out_len(plan, accepted, stream), len(r.output_ids) - pos)
             sources[r.source].policy(policy).add_step(plan, out, accepted)
             emitted[rid].extend(r.output_ids[pos : pos + out].tolist())

@@ -5,8 +5,9 @@ recorded output repeats. That is what verify accepts, greedy or sampled (a rejec
 is taken out of the distribution the next token is drawn from); over outputs sampled at
 the serving temperature and top-p the labels are distributed as served acceptance, and
 greedy recordings overstate acceptance served at temperature > 0 (README, "Sampling").
-Features come from the same extractor the server uses; the request history at position p holds the drafts made at every earlier
-position, each compared only with the tokens generated before p (features.py).
+Features come from the same extractor the server uses; the request history at position p
+holds the drafts made at every earlier position, each compared only with the tokens
+generated before p (features.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from ..drafter.protocol import Drafter
-from ..drafter.protocol import Draft
+from ..drafter.protocol import Draft, Drafter
 from ..features import FeatureExtractor
 from ..request_state import RequestState, StateSnapshot
 from ..trace import TraceRecord
@@ -33,7 +33,9 @@ class LabelledRequest:
     draft_len: np.ndarray  # [rows] int32
 
 
-def iter_labelled(records: Iterable[TraceRecord], drafter: Drafter, extractor: FeatureExtractor) -> Iterator[LabelledRequest]:
+def iter_labelled(
+    records: Iterable[TraceRecord], drafter: Drafter, extractor: FeatureExtractor
+) -> Iterator[LabelledRequest]:
     current: TraceRecord | None = None
     drafts: list[Draft] = []
     states: list[StateSnapshot] = []

@@ -14,12 +14,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..drafter import create_drafter
-from ..decision import DecisionRule
-from ..trace import TraceRecord
-from ..verify import VerifyShape
-from ..verify import VerifyModel
 from ..cost import CostModel
+from ..decision import DecisionRule
+from ..drafter import create_drafter
+from ..trace import TraceRecord
+from ..verify import VerifyModel, VerifyShape
 from .metrics import HIGH_PAYOFF_ACCEPT_LEN
 from .policies import CacheOnlyPolicy, Eagle3OnlyPolicy, GatePolicy, GreedyPolicy, OraclePolicy, RulePolicy
 from .simulate import ReplayResult, simulate

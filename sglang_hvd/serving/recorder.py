@@ -50,7 +50,8 @@ class TraceRecorder:
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._flush_s = flush_s
         # Open now: an unwritable path is an error at start-up, not a silent loss later.
-        self._file = gzip.open(path, "at", encoding="utf-8") if path.endswith(".gz") else open(path, "a", encoding="utf-8")
+        self._file = (gzip.open(path, "at", encoding="utf-8") if path.endswith(".gz")
+                      else open(path, "a", encoding="utf-8"))
         self._thread = threading.Thread(target=self._run, name="hvd-trace-recorder", daemon=True)
         self._thread.start()
         self._closed = False

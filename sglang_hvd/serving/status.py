@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 # What every replica of a fleet should agree on.
 GATE_KEYS = ("gate_digest", "decision", "gate_threshold", "gate_eagle_reserve", "gate_cache_siblings", "verify_shape")
 SUMMED = ("steps", "rows", "cache_rows", "two_branch_rows", "tree_rows", "sibling_wins", "eagle3_branch_wins",
-          "cache_accepted", "eagle3_verifies", "eagle3_accepted", "cpu_us_total", "gate_errors", "step_errors", "recorded_dropped", "recorded_failed")
+          "cache_accepted", "eagle3_verifies", "eagle3_accepted", "cpu_us_total", "gate_errors", "step_errors",
+          "recorded_dropped", "recorded_failed")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,7 +67,8 @@ def fleet_status(infos: Sequence[tuple[str, Mapping]]) -> FleetStatus:
     """``infos``: (server name, its /server_info JSON) per server."""
     ranks, without = [], []
     for server, info in infos:
-        found = [s["hvd"] for s in info.get("internal_states") or [] if isinstance(s, Mapping) and isinstance(s.get("hvd"), Mapping)]
+        found = [s["hvd"] for s in info.get("internal_states") or []
+                 if isinstance(s, Mapping) and isinstance(s.get("hvd"), Mapping)]
         if not found:
             without.append(server)
         ranks += [RankStatus(server, int(h.get("dp_rank", i)), h) for i, h in enumerate(found)]

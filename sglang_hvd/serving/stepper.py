@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..decision import BatchPlan, DecisionRule, decide
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, is_chain, row_path
-from ..decision import BatchPlan, DecisionRule, decide
 from ..request_state import RequestState
 from ..scorer import ServedScorer
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
@@ -72,8 +72,9 @@ class StepStats:
 
 
 class HVDStepper:
-    def __init__(self, drafter: Drafter, gate: ServedScorer | None, shape: VerifyShape, rule: DecisionRule | None = None, recorder=None,
-                 tokenizer: TokenizerId | None = None, source: str = "served"):
+    def __init__(self, drafter: Drafter, gate: ServedScorer | None, shape: VerifyShape,
+                 rule: DecisionRule | None = None, recorder=None, tokenizer: TokenizerId | None = None,
+                 source: str = "served"):
         self.drafter = drafter
         self.gate = gate
         self.shape = shape
@@ -176,7 +177,8 @@ class HVDStepper:
             st = self._reqs.get(rid)
             if st is None or st.pending is None or st.pending.accept_len >= 0:
                 continue
-            row = tuple(int(t) for t in eagle3_rows[i]) if eagle3_rows is not None and not st.pending.cache_draft else ()
+            has_row = eagle3_rows is not None and not st.pending.cache_draft
+            row = tuple(int(t) for t in eagle3_rows[i]) if has_row else ()
             st.pending = dataclasses.replace(st.pending, accept_len=int(accept_lens[i]), eagle_row=row)
             self._resolve(st)
 

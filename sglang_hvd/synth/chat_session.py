@@ -36,7 +36,9 @@ def _sentence(rng: random.Random) -> str:
 def session(rng: random.Random, index: int) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     for _ in range(rng.randint(1, 4)):
-        messages.append({"role": "user", "content": f"Tell me something about {rng.choice(TOPICS)} and the {rng.choice(NOUNS)}."})
+        ask = f"Tell me something about {rng.choice(TOPICS)} and the {rng.choice(NOUNS)}."
+        messages.append({"role": "user", "content": ask})
         paragraphs = [" ".join(_sentence(rng) for _ in range(rng.randint(2, 5))) for _ in range(rng.randint(1, 3))]
         messages.append(assistant("\n\n".join(paragraphs)))
-    return {"id": f"{SOURCE}/{index:04d}", "source": SOURCE, "model": "synthetic", "license": "Apache-2.0", "messages": messages}
+    return {"id": f"{SOURCE}/{index:04d}", "source": SOURCE, "model": "synthetic", "license": "Apache-2.0",
+            "messages": messages}

@@ -14,8 +14,10 @@ from .common import assistant
 
 SOURCE = "synth-code"
 
-RESOURCES = ["invoice", "customer", "shipment", "product", "ticket", "coupon", "warehouse", "review", "supplier", "refund", "session", "webhook"]
-FIELDS = ["name", "status", "amount", "email", "created_at", "owner_id", "quantity", "sku", "priority", "region", "note", "currency"]
+RESOURCES = ["invoice", "customer", "shipment", "product", "ticket", "coupon",
+             "warehouse", "review", "supplier", "refund", "session", "webhook"]
+FIELDS = ["name", "status", "amount", "email", "created_at", "owner_id",
+          "quantity", "sku", "priority", "region", "note", "currency"]
 TYPES = {"name": "str", "status": "str", "amount": "float", "email": "str", "created_at": "datetime", "owner_id": "int",
          "quantity": "int", "sku": "str", "priority": "int", "region": "str", "note": "str | None", "currency": "str"}
 
@@ -59,7 +61,8 @@ async def delete_{resource}(item_id: int, db: Session = Depends(get_db)) -> None
 def session(rng: random.Random, index: int) -> dict[str, Any]:
     resources = rng.sample(RESOURCES, rng.randint(3, 6))
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a senior Python engineer working on a FastAPI service. Answer with code in a ```python block and a one-line explanation."},
+        {"role": "system", "content": "You are a senior Python engineer working on a FastAPI service. "
+                                      "Answer with code in a ```python block and a one-line explanation."},
     ]
     for i, resource in enumerate(resources):
         fields = rng.sample(FIELDS, rng.randint(2, 5))
@@ -69,5 +72,7 @@ def session(rng: random.Random, index: int) -> dict[str, Any]:
             ask = "We use SQLAlchemy models and pydantic v2 response models. " + ask
         messages.append({"role": "user", "content": ask})
         code = _model(resource, fields) + "\n\n\n" + _handlers(resource, ops)
-        messages.append(assistant(f"```python\n{code}\n```\nThis adds the {resource.capitalize()}Out model and the {', '.join(ops)} handlers for {resource}s."))
-    return {"id": f"{SOURCE}/{index:04d}", "source": SOURCE, "model": "synthetic", "license": "Apache-2.0", "messages": messages}
+        messages.append(assistant(f"```python\n{code}\n```\nThis adds the {resource.capitalize()}Out model "
+                                  f"and the {', '.join(ops)} handlers for {resource}s."))
+    return {"id": f"{SOURCE}/{index:04d}", "source": SOURCE, "model": "synthetic", "license": "Apache-2.0",
+            "messages": messages}

@@ -6,9 +6,12 @@ import json
 import random
 from typing import Any
 
-FIRST_NAMES = ["Ava", "Liam", "Mia", "Noah", "Zoe", "Omar", "Iris", "Leo", "Nina", "Raj", "Sofia", "Yuki", "Ethan", "Lena", "Marco", "Priya"]
-LAST_NAMES = ["Garcia", "Chen", "Novak", "Okafor", "Silva", "Kim", "Müller", "Rossi", "Patel", "Dubois", "Haddad", "Larsen", "Ito", "Brown"]
-CITIES = ["Austin", "Boston", "Denver", "Lisbon", "Osaka", "Berlin", "Toronto", "Madrid", "Seattle", "Dublin", "Nairobi", "Oslo"]
+FIRST_NAMES = ["Ava", "Liam", "Mia", "Noah", "Zoe", "Omar", "Iris", "Leo",
+               "Nina", "Raj", "Sofia", "Yuki", "Ethan", "Lena", "Marco", "Priya"]
+LAST_NAMES = ["Garcia", "Chen", "Novak", "Okafor", "Silva", "Kim", "Müller",
+              "Rossi", "Patel", "Dubois", "Haddad", "Larsen", "Ito", "Brown"]
+CITIES = ["Austin", "Boston", "Denver", "Lisbon", "Osaka", "Berlin",
+          "Toronto", "Madrid", "Seattle", "Dublin", "Nairobi", "Oslo"]
 MONTHS = ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12"]
 
 
@@ -37,7 +40,9 @@ def tool_call(rng: random.Random, name: str, arguments: dict[str, Any]) -> dict[
     }
 
 
-def tool_schema(name: str, description: str, params: dict[str, str], required: list[str] | None = None) -> dict[str, Any]:
+def tool_schema(
+    name: str, description: str, params: dict[str, str], required: list[str] | None = None
+) -> dict[str, Any]:
     return {
         "type": "function",
         "function": {

@@ -34,11 +34,13 @@ def _edit(rng: random.Random, doc: dict[str, Any]) -> str:
     """Apply one edit in place; return the user's request for it."""
     routes = doc["routes"]
     unused = [s for s in SERVICES if s not in {r["service"] for r in routes}]
-    kind = rng.choice(["add", "timeout", "retries", "auth", "rate"] if unused else ["timeout", "retries", "auth", "rate"])
+    edits = ["timeout", "retries", "auth", "rate"]
+    kind = rng.choice(["add", *edits] if unused else edits)
     if kind == "add":
         route = _route(rng, rng.choice(unused))
         routes.append(route)
-        return f"Add a route for the {route['service']} service at {route['path']} ({', '.join(route['methods'])}), timeout {route['timeout_ms']} ms."
+        return (f"Add a route for the {route['service']} service at {route['path']} "
+                f"({', '.join(route['methods'])}), timeout {route['timeout_ms']} ms.")
     route = rng.choice(routes)
     if kind == "timeout":
         route["timeout_ms"] = rng.choice([t for t in (250, 750, 1500, 2500, 4000, 8000) if t != route["timeout_ms"]])
@@ -62,12 +64,16 @@ def session(rng: random.Random, index: int) -> dict[str, Any]:
         "routes": [_route(rng, s) for s in rng.sample(SERVICES, 2)],
     }
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You maintain JSON configuration files. Reply with the complete updated file in a ```json block, then one sentence on what changed."},
-        {"role": "user", "content": f"Here is our gateway config:\n```json\n{json.dumps(doc, indent=2)}\n```\nI'll ask for some changes."},
+        {"role": "system", "content": "You maintain JSON configuration files. Reply with the complete updated file "
+                                      "in a ```json block, then one sentence on what changed."},
+        {"role": "user", "content": f"Here is our gateway config:\n```json\n{json.dumps(doc, indent=2)}\n```\n"
+                                    "I'll ask for some changes."},
         assistant("Got it. What would you like to change?"),
     ]
     for _ in range(rng.randint(3, 8)):
         request = _edit(rng, doc)
         messages.append({"role": "user", "content": request})
-        messages.append(assistant(f"```json\n{json.dumps(doc, indent=2)}\n```\nUpdated: {request[0].lower() + request[1:]}"))
-    return {"id": f"{SOURCE}/{index:04d}", "source": SOURCE, "model": "synthetic", "license": "Apache-2.0", "messages": messages}
+        updated = request[0].lower() + request[1:]
+        messages.append(assistant(f"```json\n{json.dumps(doc, indent=2)}\n```\nUpdated: {updated}"))
+    return {"id": f"{SOURCE}/{index:04d}", "source": SOURCE, "model": "synthetic", "license": "Apache-2.0",
+            "messages": messages}

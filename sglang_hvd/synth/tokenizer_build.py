@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
+# The template's bytes go into tokenizer_config.json, so its one long line stays as it is (noqa below).
 CHAT_TEMPLATE = """{%- if tools %}
 {{- '<|im_start|>system\\n' }}
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
@@ -41,7 +42,7 @@ CHAT_TEMPLATE = """{%- if tools %}
 {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
 {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""  # noqa: E501
 
 
 def build_tokenizer(texts: Iterable[str], out_dir: str, vocab_size: int = 2048) -> None:

@@ -54,7 +54,8 @@ STREETS = ["Maple Ave", "King St", "Harbor Rd", "Elm St", "Pine Ct", "Lake Dr"]
 
 def _order(rng: random.Random) -> dict[str, Any]:
     status = rng.choice(["delivered", "delivered", "in_transit", "processing"])
-    items = [{"name": rng.choice(PRODUCTS), "qty": rng.randint(1, 3), "price": amount(rng, 9, 300)} for _ in range(rng.randint(1, 3))]
+    items = [{"name": rng.choice(PRODUCTS), "qty": rng.randint(1, 3), "price": amount(rng, 9, 300)}
+             for _ in range(rng.randint(1, 3))]
     return {
         "order_id": ident(rng, "ORD-"),
         "status": status,
@@ -71,7 +72,8 @@ def session(rng: random.Random, index: int) -> dict[str, Any]:
     customer_id = ident(rng, "CUS-")
     orders = [_order(rng) for _ in range(rng.randint(2, 6))]
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-    messages.append({"role": "user", "content": f"Hi, this is {first} {last} ({email}). I need help with my recent orders."})
+    hello = f"Hi, this is {first} {last} ({email}). I need help with my recent orders."
+    messages.append({"role": "user", "content": hello})
 
     call = tool_call(rng, "get_customer", {"email": email})
     messages += [assistant(None, [call]), tool_result(call, {
@@ -98,27 +100,39 @@ def session(rng: random.Random, index: int) -> dict[str, Any]:
         messages += [assistant(None, [call]), tool_result(call, order)]
 
         if want == "refund" and order["status"] == "delivered":
-            call = tool_call(rng, "refund_order", {"order_id": order["order_id"], "amount": order["total"], "reason": rng.choice(REASONS)})
-            messages += [assistant(None, [call]), tool_result(call, {"order_id": order["order_id"], "refunded": order["total"], "to": order["payment"], "status": "refunded"})]
-            reply = (f"Done: order {order['order_id']} has been refunded ${order['total']:.2f} to your {order['payment']}. "
-                     "You should see it within 3-5 business days.")
+            call = tool_call(rng, "refund_order",
+                             {"order_id": order["order_id"], "amount": order["total"], "reason": rng.choice(REASONS)})
+            refunded = {"order_id": order["order_id"], "refunded": order["total"], "to": order["payment"],
+                        "status": "refunded"}
+            messages += [assistant(None, [call]), tool_result(call, refunded)]
+            reply = (f"Done: order {order['order_id']} has been refunded ${order['total']:.2f} "
+                     f"to your {order['payment']}. You should see it within 3-5 business days.")
         elif want == "reschedule" and order["status"] != "delivered":
             new_date, window = date(rng), rng.choice(["morning", "evening"])
-            call = tool_call(rng, "reschedule_delivery", {"order_id": order["order_id"], "date": new_date, "window": window})
-            messages += [assistant(None, [call]), tool_result(call, {"order_id": order["order_id"], "delivery_date": new_date, "window": window})]
-            reply = f"Done: the delivery of order {order['order_id']} is now scheduled for {new_date} ({window} window)."
+            call = tool_call(rng, "reschedule_delivery",
+                             {"order_id": order["order_id"], "date": new_date, "window": window})
+            rescheduled = {"order_id": order["order_id"], "delivery_date": new_date, "window": window}
+            messages += [assistant(None, [call]), tool_result(call, rescheduled)]
+            reply = (f"Done: the delivery of order {order['order_id']} is now scheduled for {new_date} "
+                     f"({window} window).")
         elif want == "address" and order["status"] == "processing":
             messages.append(assistant("Sure. What is the new street, city and zip code?"))
-            street, city, zipc = f"{rng.randint(1, 999)} {rng.choice(STREETS)}", rng.choice(["Austin", "Denver", "Boston"]), f"{rng.randint(10000, 99999)}"
+            street = f"{rng.randint(1, 999)} {rng.choice(STREETS)}"
+            city = rng.choice(["Austin", "Denver", "Boston"])
+            zipc = f"{rng.randint(10000, 99999)}"
             messages.append({"role": "user", "content": f"{street}, {city} {zipc}"})
-            call = tool_call(rng, "update_address", {"order_id": order["order_id"], "street": street, "city": city, "zip": zipc})
-            messages += [assistant(None, [call]), tool_result(call, {"order_id": order["order_id"], "ship_to": f"{street}, {city} {zipc}"})]
+            call = tool_call(rng, "update_address",
+                             {"order_id": order["order_id"], "street": street, "city": city, "zip": zipc})
+            updated = {"order_id": order["order_id"], "ship_to": f"{street}, {city} {zipc}"}
+            messages += [assistant(None, [call]), tool_result(call, updated)]
             reply = f"Done: order {order['order_id']} will now ship to {street}, {city} {zipc}."
         else:
             item_list = ", ".join(f"{i['qty']}x {i['name']}" for i in order["items"])
-            reply = (f"Order {order['order_id']} ({item_list}, total ${order['total']:.2f}) is currently {order['status'].replace('_', ' ')}."
-                     + ("" if want == "status" else f" Unfortunately I can't do that for an order that is {order['status'].replace('_', ' ')}."))
+            status = order["status"].replace("_", " ")
+            reply = (f"Order {order['order_id']} ({item_list}, total ${order['total']:.2f}) is currently {status}."
+                     + ("" if want == "status" else f" Unfortunately I can't do that for an order that is {status}."))
         messages.append(assistant(reply + " Is there anything else I can help you with?"))
     messages.append({"role": "user", "content": "No, that's all. Thanks!"})
     messages.append(assistant(f"You're welcome, {first}! Have a great day."))
-    return {"id": f"{SOURCE}/{index:04d}", "source": SOURCE, "model": "synthetic", "license": "Apache-2.0", "tools": TOOLS, "messages": messages}
+    return {"id": f"{SOURCE}/{index:04d}", "source": SOURCE, "model": "synthetic", "license": "Apache-2.0",
+            "tools": TOOLS, "messages": messages}
