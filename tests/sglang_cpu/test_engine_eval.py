@@ -47,11 +47,18 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     records = list(iter_traces(dev_traces))
     assert {r.source for r in records} == {"tau-bench", "swe-agent"}
     out = tmp_path / "engine.json"
-    done = subprocess.run([harness.SGLANG_PYTHON, "launch/bench/engine_eval.py", dev_traces, "--modes", "eagle3_only,rule,hvd",
-                           "--gate", qwen_gates(1, 3, 4), "--concurrency", "2", "--work-dir", str(tmp_path / "work"),
-                           "--json", str(out)], capture_output=True, text=True, cwd=REPO, timeout=1500)
+    # Run from elsewhere, every path relative to there (the servers run in the work folder:
+    # a relative --gate used to fail only after the first mode had been served).
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    rel = lambda path: os.path.relpath(path, here)  # noqa: E731
+    done = subprocess.run([harness.SGLANG_PYTHON, os.path.join(REPO, "launch", "bench", "engine_eval.py"),
+                           rel(dev_traces), "--modes", "eagle3_only,rule,hvd", "--gate", rel(qwen_gates(1, 3, 4)),
+                           "--concurrency", "2", "--work-dir", "../work", "--json", "../engine.json"],
+                          capture_output=True, text=True, cwd=here, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
+    assert report["settings"]["gate"] == qwen_gates(1, 3, 4) and report["settings"]["traces"] == [dev_traces]
     assert report["settings"]["dropped_requests"] == []
     assert report["settings"]["requests"] == len(records)
     tokens = sum(len(r.output_ids) for r in records)
