@@ -322,7 +322,7 @@ def roll_replica(router: SGLangServer, old: SGLangServer, restart, timeout: floa
 
     def drained() -> bool:
         loads = _json(old.url + "/v1/loads?include=core")["loads"]
-        return all(l.get("num_running_reqs", 0) + l.get("num_waiting_reqs", 0) == 0 for l in loads)
+        return all(load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0) == 0 for load in loads)
 
     _wait(drained, timeout, f"{old.url} drains")
     old.stop()
