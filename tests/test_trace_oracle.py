@@ -1,18 +1,15 @@
-"""The trace oracle's tables (tests/sglang_cpu/stubs/hvd_trace_oracle/table.py): prefix
+"""The trace oracle's tables (harness/stubs/hvd_trace_oracle/table.py): prefix
 hashing, the next-token table and the EAGLE3 stand-in's error model. numpy only; the
 servers that use them are in tests/sglang_cpu/test_engine_eval.py."""
 
 from __future__ import annotations
 
-import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_cpu", "stubs"))
-from hvd_trace_oracle import table as T  # noqa: E402
+from sglang_hvd.harness.stubs.hvd_trace_oracle import table as T
 
 
 def rec(req_id, prompt, output):

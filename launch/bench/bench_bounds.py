@@ -13,17 +13,14 @@ of those differ in their tokens, not only in their counts or probabilities).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
-from sglang_hvd.errors import HvdInputError  # noqa: E402
-from sglang_hvd.replay.engine import iter_dense  # noqa: E402
-from sglang_hvd.report import format_table  # noqa: E402
-from sglang_hvd.trace import iter_traces  # noqa: E402
+from sglang_hvd.drafter import DrafterConfig, create_drafter
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.replay.engine import iter_dense
+from sglang_hvd.report import format_table
+from sglang_hvd.trace import iter_traces
 
 UNBOUNDED = 10**9
 

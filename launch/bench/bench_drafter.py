@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 import time
 
@@ -116,8 +115,7 @@ def main(argv=None) -> int:
           f"{sum(len(r.output_ids) for r in records):,} output tokens")
     makers = {name: (lambda cfg, n=name: create_drafter(n, cfg)) for name in args.drafters.split(",")}
     if args.arctic:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from arctic_adapter import ArcticDrafter
+        from arctic_adapter import ArcticDrafter  # this folder (a script's own folder is its first import path)
 
         makers["arctic-inference"] = ArcticDrafter
     rows = []

@@ -18,19 +18,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from sglang_hvd.drafter import create_drafter  # noqa: E402
-from sglang_hvd.gate import Gate  # noqa: E402
-from sglang_hvd.replay.fleet import conversations_of, serve_fleet  # noqa: E402
-from sglang_hvd.replay.policies import GatePolicy  # noqa: E402
-from sglang_hvd.replay.simulate import simulate  # noqa: E402
-from sglang_hvd.serving.stepper import HVDStepper  # noqa: E402
-from sglang_hvd.trace import iter_traces  # noqa: E402
+from sglang_hvd.drafter import create_drafter
+from sglang_hvd.gate import Gate
+from sglang_hvd.replay.fleet import conversations_of, serve_fleet
+from sglang_hvd.replay.policies import GatePolicy
+from sglang_hvd.replay.simulate import simulate
+from sglang_hvd.serving.stepper import HVDStepper
+from sglang_hvd.trace import iter_traces
 
 
 def main(argv=None) -> int:

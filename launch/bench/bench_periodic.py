@@ -16,15 +16,12 @@ off once the cache holds that many (--max-occurrences to compare).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
+from sglang_hvd.drafter import DrafterConfig, create_drafter
 
 CYCLE = list(range(15, 25))
 OUTPUT_TOKENS = 400

@@ -16,17 +16,14 @@ occurrences.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from bench_periodic import print_series  # noqa: E402  (this folder)
-from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
+from bench_periodic import print_series  # this folder (a script's own folder is its first import path)
+from sglang_hvd.drafter import DrafterConfig, create_drafter
 
 
 def workload(seed: int = 0) -> list[tuple[list[int], list[int]]]:

@@ -22,20 +22,17 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from sglang_hvd.drafter import DrafterConfig, create_drafter  # noqa: E402
-from sglang_hvd.errors import HvdInputError  # noqa: E402
-from sglang_hvd.drafter.row_tree import row_path, speculate_row  # noqa: E402
-from sglang_hvd.replay.engine import accept_len  # noqa: E402
-from sglang_hvd.report import format_table  # noqa: E402
-from sglang_hvd.trace import iter_traces  # noqa: E402
+from sglang_hvd.drafter import DrafterConfig, create_drafter
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.drafter.row_tree import row_path, speculate_row
+from sglang_hvd.replay.engine import accept_len
+from sglang_hvd.report import format_table
+from sglang_hvd.trace import iter_traces
 
 
 def walk(records, config: DrafterConfig, nodes: list[int]) -> dict:

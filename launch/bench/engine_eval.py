@@ -1,16 +1,17 @@
-"""Engine-in-the-loop evaluation: real SGLang serves recorded conversations on the CPU.
+r"""Engine-in-the-loop evaluation: real SGLang serves recorded conversations on the CPU.
 
-    python launch/bench/engine_eval.py TRACES... --modes eagle3_only,cache_only,hvd \
+    .venv-sglang/bin/python launch/bench/engine_eval.py TRACES... --modes eagle3_only,cache_only,hvd \
         --gate GATE_DIR [--limit-conversations N] [--concurrency C] --json OUT
 
 Needs the sglang extra (``bash tests/run --sglang`` installs it into .venv-sglang; run
-this script with that interpreter, from the repository root). For each mode it starts a
-real SGLang 0.5.23 server on the CPU harness (tests/sglang_cpu) whose target is the
-trace oracle: its greedy output *is* the recorded conversations, and its EAGLE3 draft
-is a stand-in run by SGLang's own EAGLE3 worker that proposes the recorded tokens with a
+this script with that interpreter, from any folder: every path is resolved and checked
+first). For each mode it starts a real SGLang 0.5.23 server on the CPU through the engine
+harness (sglang_hvd.harness, harness/ in the repository) whose target is the trace
+oracle: its greedy output *is* the recorded conversations, and its EAGLE3 draft is a
+stand-in run by SGLang's own EAGLE3 worker that proposes the recorded tokens with a
 seeded error model calibrated to the EAGLE3 curve: exactly on chains, and at topk > 1 by
 its runner-up probability so that its tree yields the curve's tokens at N-1 nodes
-(tests/sglang_cpu/trace_oracle.py, stubs/hvd_trace_oracle).
+(sglang_hvd.harness.trace_oracle, harness/stubs/hvd_trace_oracle).
 Each conversation's turns are sent in order, ``--concurrency`` conversations at a time
 (a fleet of agents). Per mode and source it reports the served cycles per 1,000 output
 tokens (per request: the prefill forward plus ``spec_verify_ct`` verifies), replay's
@@ -36,6 +37,9 @@ Replay's side is fleet replay (sglang_hvd/replay/fleet.py): the same conversatio
 same concurrency, the serving stepper deciding each batch, responses entering the
 global cache as they are generated, as in the server. The JSON also holds sequential replay
 (every request after the one before, as `hvd replay` runs) for comparison.
+
+Bad input (a missing or unreadable file, a gate that does not load, a flag out of range)
+stops before any work with one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import argparse
 import collections
 import concurrent.futures
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -53,36 +58,170 @@ import tempfile
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
+from sglang_hvd.cli.common import FILE, FOLDER, check_output, non_negative_int, positive_int
+from sglang_hvd.cli.options import add_verify_flags, verify_model_from_flags
+from sglang_hvd.drafter import create_drafter
+from sglang_hvd.drafter.protocol import DrafterConfig
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.gate import Gate, ScoreRuleGate
+from sglang_hvd.harness import server as harness
+from sglang_hvd.harness.trace_oracle import ORACLE_ARGS, ORACLE_ENV, calibrated_draft_model, write_oracle_models
+from sglang_hvd.replay.acceptance import VerifyModel
+from sglang_hvd.replay.fleet import conversations_of, serve_fleet
+from sglang_hvd.replay.metrics import SourceTally, overall
+from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy
+from sglang_hvd.replay.simulate import simulate
+from sglang_hvd.serving.status import fleet_status
+from sglang_hvd.serving.stepper import HVDStepper
+from sglang_hvd.trace import iter_traces
+from sglang_hvd.verify import TOPK1_SHAPE
 
-from sglang_hvd.drafter import create_drafter  # noqa: E402
-from sglang_hvd.gate import Gate, ScoreRuleGate  # noqa: E402
-from sglang_hvd.replay.acceptance import VerifyModel  # noqa: E402
-from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy  # noqa: E402
-from sglang_hvd.replay.fleet import conversations_of, serve_fleet  # noqa: E402
-from sglang_hvd.replay.simulate import simulate  # noqa: E402
-from sglang_hvd.serving.status import fleet_status  # noqa: E402
-from sglang_hvd.serving.stepper import HVDStepper  # noqa: E402
-from sglang_hvd.trace import iter_traces  # noqa: E402
-from sglang_hvd.verify import Eagle3Curve, VerifyShape  # noqa: E402
-from tests.sglang_cpu import harness  # noqa: E402
-from tests.sglang_cpu.trace_oracle import ORACLE_ARGS, ORACLE_ENV, calibrated_draft_model, write_oracle_models  # noqa: E402
-
+PROG = "engine_eval"
 MODES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd")
 GATED = ("cache_only", "rule", "hvd")
 KV_TOKENS_PER_SLOT_MARGIN = 1.25
+# Without --gate: a 3-token chain (what --verify-* flags left unset take).
+DEFAULT_MODEL = VerifyModel(TOPK1_SHAPE)
+VERIFY_FLAGS = ("verify_topk", "verify_steps", "verify_nodes", "eagle3_curve", "eagle3_mean")
 
 
-@dataclasses.dataclass(slots=True)
-class Tally:
-    requests: int = 0
-    tokens: int = 0
-    cycles: int = 0
+# ------------------------------------------------------------------------------ settings
 
-    def to_json(self) -> dict:
-        return {"cycles_per_1k": 1000.0 * self.cycles / max(self.tokens, 1), "requests": self.requests,
-                "tokens": self.tokens, "cycles": self.cycles}
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags, resolved and checked: every path absolute (the servers run in the work
+    folder), the gate loaded, the verify model and drafter settings the run's."""
+
+    traces: tuple[str, ...]
+    modes: tuple[str, ...]
+    gate_dir: str | None
+    gate: Gate | None
+    model: VerifyModel
+    drafter_config: DrafterConfig
+    rule_score: float | None
+    sources: frozenset[str] | None
+    limit_conversations: int | None
+    concurrency: int
+    replicas: int
+    router_policy: str
+    draft_seed: int
+    work_dir: str | None
+    json_path: str | None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files (hvd import / hvd collect), .gz or not")
+    p.add_argument("--modes", default="eagle3_only,cache_only,hvd", metavar="M1,M2",
+                   help=f"comma-separated, from {', '.join(MODES)} (default: %(default)s)")
+    p.add_argument("--gate", metavar="GATE_DIR", help="a gate from `hvd train`: needed by cache_only, rule and hvd; "
+                   "its verify shape, EAGLE3 curve and drafter settings are the run's")
+    p.add_argument("--rule-score", type=float, metavar="C", help="the rule mode's minimum cache draft score "
+                   "(default: the gate's calibrated rule_threshold)")
+    p.add_argument("--limit-conversations", type=positive_int, metavar="N",
+                   help="the first N conversations of each source")
+    p.add_argument("--sources", metavar="S1,S2", help="only these sources (default: all)")
+    p.add_argument("--concurrency", type=positive_int, default=4, metavar="C",
+                   help="conversations in flight (default: %(default)s)")
+    p.add_argument("--replicas", type=positive_int, default=1, metavar="R", help="servers per mode; more than one "
+                   "are served through sglang-router (the router extra) and replay's figure stays one server's, so "
+                   "the ratio shows what routing costs (default: %(default)s)")
+    p.add_argument("--router-policy", default="cache_aware", metavar="POLICY",
+                   help="sglang-router's --policy with --replicas > 1: cache_aware, round_robin, random, "
+                        "power_of_two (default: %(default)s)")
+    add_verify_flags(p, gate_default="gate if given", base_shape=DEFAULT_MODEL.shape)
+    p.add_argument("--draft-seed", type=non_negative_int, default=0, metavar="N",
+                   help="seed of the EAGLE3 stand-in's errors (default: %(default)s)")
+    p.add_argument("--work-dir", metavar="DIR", help="where the oracle models and server logs go (default: a temp dir)")
+    p.add_argument("--json", metavar="OUT", help="write every figure here")
+    return p
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise HvdInputError(f"--modes: unknown mode {bad[0] if bad else '(none)'!r}; choose from {', '.join(MODES)}")
+    return modes
+
+
+def readable_file(path: str, flag: str) -> str:
+    """``path`` made absolute, once it is a file this process can read."""
+    where = f"{flag} {path}" if flag else path
+    full = os.path.abspath(path)
+    if not os.path.exists(full):
+        raise HvdInputError(f"{where}: no such file")
+    if os.path.isdir(full):
+        raise HvdInputError(f"{where}: is a directory, expected a trace file (JSON Lines, .gz or not)")
+    try:
+        with open(full, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise HvdInputError(f"{where}: cannot read it ({e.strerror or e})") from None
+    return full
+
+
+def load_gate(path: str) -> tuple[str, Gate]:
+    """The gate folder made absolute and loaded (the servers get the absolute path)."""
+    full = os.path.abspath(path)
+    try:
+        return full, Gate(full)
+    except HvdInputError as e:
+        raise HvdInputError(f"--gate {path}: {e}") from None
+
+
+def verify_settings(a: argparse.Namespace, gate: Gate | None) -> tuple[VerifyModel, DrafterConfig]:
+    if gate is not None:
+        given = [f for f in VERIFY_FLAGS if getattr(a, f) is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise HvdInputError(f"{flag}: with --gate the verify shape and EAGLE3 curve are the gate's; "
+                                "drop --verify-*/--eagle3-*")
+        return gate.spec.verify, gate.spec.drafter
+    return verify_model_from_flags(a, DEFAULT_MODEL), DrafterConfig()
+
+
+def rule_score_of(a: argparse.Namespace, gate: Gate | None, modes: tuple[str, ...]) -> float | None:
+    score = a.rule_score if a.rule_score is not None or gate is None else gate.spec.rule_threshold
+    if a.rule_score is not None and not math.isfinite(a.rule_score):
+        raise HvdInputError(f"--rule-score {a.rule_score}: expected a finite number")
+    if "rule" in modes and (score is None or not math.isfinite(score)):
+        raise HvdInputError("--modes rule: the gate has no calibrated rule_threshold; pass --rule-score C")
+    return score
+
+
+def resolve(a: argparse.Namespace) -> Settings:
+    """Every check that needs no server, before any work (HvdInputError names the flag)."""
+    modes = parse_modes(a.modes)
+    if any(m in GATED for m in modes) and not a.gate:
+        raise HvdInputError("--modes cache_only, rule and hvd need --gate GATE_DIR (a folder written by `hvd train`)")
+    if a.replicas > 1 and importlib.util.find_spec("sglang_router") is None:
+        raise HvdInputError("--replicas > 1 needs sglang-router: pip install '.[router]' (from the checkout)")
+    traces = tuple(readable_file(t, "") for t in a.traces)
+    gate_dir, gate = load_gate(a.gate) if a.gate else (None, None)
+    model, drafter_config = verify_settings(a, gate)
+    rule_score = rule_score_of(a, gate, modes)
+    work_dir = json_path = None
+    if a.work_dir:
+        check_output(a.work_dir, FOLDER, "--work-dir")
+        work_dir = os.path.abspath(a.work_dir)
+    if a.json:
+        check_output(a.json, FILE, "--json")
+        json_path = os.path.abspath(a.json)
+    reason = harness.sglang_available()
+    if reason:
+        raise HvdInputError(f"the engine needs the sglang extra ({reason}): run with .venv-sglang/bin/python after "
+                            "`bash tests/run --sglang --co -q`")
+    return Settings(traces=traces, modes=modes, gate_dir=gate_dir, gate=gate, model=model,
+                    drafter_config=drafter_config, rule_score=rule_score,
+                    sources=frozenset(s.strip() for s in a.sources.split(",")) if a.sources else None,
+                    limit_conversations=a.limit_conversations, concurrency=a.concurrency, replicas=a.replicas,
+                    router_policy=a.router_policy, draft_seed=a.draft_seed, work_dir=work_dir, json_path=json_path)
+
+
+# --------------------------------------------------------------------- conversations, oracle
 
 
 def first_conversations(records, limit: int | None) -> list[list]:
@@ -95,9 +234,66 @@ def first_conversations(records, limit: int | None) -> list[list]:
     return kept
 
 
-def server_args(mode: str, models, shape: VerifyShape, gate_dir: str | None, concurrency: int,
+def load_conversations(s: Settings) -> list[list]:
+    records = [r for r in iter_traces(s.traces) if s.sources is None or r.source in s.sources]
+    convs = first_conversations(records, s.limit_conversations)
+    if not convs:
+        raise HvdInputError("no conversations to serve (check TRACES and --sources)")
+    return convs
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Oracle:
+    """The trace oracle's model folders and what it serves: the conversations less the
+    requests it dropped (a prefix another recording continues differently)."""
+
+    models: object  # trace_oracle.OracleModels
+    draft_model: object  # hvd_trace_oracle.table.DraftErrorModel
+    convs: list[list]
+    dropped: frozenset[str]
+
+    @property
+    def served(self) -> list:
+        return [r for turns in self.convs for r in turns]
+
+
+def build_oracle(s: Settings, convs: list[list], work: str) -> Oracle:
+    shape, curve = s.model.shape, s.model.eagle3
+    if shape.topk > 1:
+        print(f"{PROG}: calibrating the EAGLE3 stand-in's tree to {curve.tokens(shape.draft_nodes):.3g} tokens "
+              f"per verify at {shape.draft_nodes} nodes (~20 s)", file=sys.stderr)
+    draft_model = calibrated_draft_model(curve, shape.topk, shape.steps, shape.nodes, seed=s.draft_seed)
+    models = write_oracle_models(os.path.join(work, "models"), [r for turns in convs for r in turns], draft_model)
+    dropped = frozenset(models.report.dropped)
+    kept = [[r for r in turns if r.req_id not in dropped] for turns in convs]
+    return Oracle(models, draft_model, [turns for turns in kept if turns], dropped)
+
+
+def describe_run(s: Settings, oracle: Oracle) -> str:
+    served, d = oracle.served, oracle.draft_model
+    return (f"{PROG}: {len(oracle.convs)} conversations, {len(served)} requests, "
+            f"{sum(len(r.output_ids) for r in served):,} output tokens; verify {s.model.shape.describe()}, "
+            f"EAGLE3 curve {s.model.eagle3.text()}; {len(oracle.dropped)} requests dropped (a prefix another "
+            f"recording continues differently); EAGLE3 stand-in: per-depth accuracy "
+            f"{', '.join(f'{q:.3f}' for q in d.accept_probs)}, runner-up {d.runner_up_prob:g}")
+
+
+def settings_json(s: Settings, oracle: Oracle) -> dict:
+    return {"traces": list(s.traces), "modes": list(s.modes), "gate": s.gate_dir, "shape": s.model.shape.to_json(),
+            "eagle3_curve": s.model.eagle3.text(), "concurrency": s.concurrency,
+            "limit_conversations": s.limit_conversations, "replicas": s.replicas,
+            "router_policy": s.router_policy if s.replicas > 1 else None,
+            "rule_score": s.rule_score if "rule" in s.modes else None,
+            "draft_error_model": oracle.draft_model.to_json(), "conversations": len(oracle.convs),
+            "requests": len(oracle.served), "dropped_requests": sorted(oracle.dropped)}
+
+
+# ---------------------------------------------------------------------------- the engine
+
+
+def server_args(mode: str, models, shape, gate_dir: str | None, concurrency: int,
                 rule_score: float | None = None) -> tuple[list, dict, str]:
-    base = [a for a in harness.BASE_ARGS]
+    base = list(harness.BASE_ARGS)
     for flag in ("--max-total-tokens", "--max-running-requests"):
         i = base.index(flag)
         del base[i:i + 2]
@@ -116,6 +312,38 @@ def server_args(mode: str, models, shape: VerifyShape, gate_dir: str | None, con
             args += [f"--hvd-score-rule={rule_score!r}"]
         launcher = "sglang_hvd.launch_server"
     return args, env, launcher
+
+
+def start_servers(s: Settings, mode: str, models, work: str):
+    """(the server to send to, the replicas): one server, or R behind sglang-router."""
+    args, env, launcher = server_args(mode, models, s.model.shape, s.gate_dir, s.concurrency, s.rule_score)
+    replicas = []
+    try:
+        for _ in range(s.replicas):
+            replicas.append(harness.start_server(models.target, args, env, base_args=[], log_dir=work,
+                                                 launcher=launcher))
+        if s.replicas == 1:
+            return replicas[0], replicas
+        return harness.start_router([r.url for r in replicas], s.router_policy, log_dir=work), replicas
+    except BaseException:
+        for r in replicas:
+            r.stop()
+        raise
+
+
+class Progress:
+    """A line on stderr every 5 s (and at the end): output tokens served so far."""
+
+    def __init__(self, mode: str, total_tokens: int):
+        self.mode, self.total = mode, total_tokens
+        self.done, self.last, self.started = 0, 0.0, time.time()
+
+    def __call__(self, tokens: int) -> None:
+        self.done += tokens
+        if time.time() - self.last > 5 or self.done == self.total:
+            self.last = time.time()
+            print(f"  {self.mode}: {self.done:,}/{self.total:,} tokens ({time.time() - self.started:.0f} s)",
+                  file=sys.stderr)
 
 
 def serve(server, convs: list[list], concurrency: int, progress) -> dict[str, tuple]:
@@ -143,8 +371,17 @@ def first_difference(got: list[int], want: list[int]) -> int:
     return min(len(got), len(want))
 
 
+def engine_json(tally: SourceTally, mode: str) -> dict:
+    t = tally.policy(mode)
+    return {"cycles_per_1k": t.to_json()["cycles_per_1k"], "requests": tally.requests, "tokens": tally.tokens,
+            "cycles": t.cycles}
+
+
 def engine_tallies(records, results, mode: str) -> tuple[dict, list]:
-    by_source: dict[str, Tally] = collections.defaultdict(Tally)
+    """Per source and overall: requests, output tokens and served cycles (a request's
+    prefill forward plus its verifies; one per token without speculation), and the
+    requests whose output differs from the recording."""
+    sources: dict[str, SourceTally] = collections.defaultdict(SourceTally)
     mismatches = []
     for r in records:
         got, meta = results[r.req_id]
@@ -153,13 +390,32 @@ def engine_tallies(records, results, mode: str) -> tuple[dict, list]:
             k = first_difference(got, want)
             mismatches.append({"req_id": r.req_id, "position": k, "got": got[k:k + 5], "want": want[k:k + 5]})
         tokens = int(meta["completion_tokens"])
-        cycles = tokens if mode == "greedy" else 1 + int(meta.get("spec_verify_ct", 0))
-        for key in (r.source, "overall"):
-            t = by_source[key]
-            t.requests += 1
-            t.tokens += tokens
-            t.cycles += cycles
-    return {k: v.to_json() for k, v in by_source.items()}, mismatches
+        tally = sources[r.source]
+        tally.requests += 1
+        tally.tokens += tokens
+        tally.policy(mode).tokens += tokens
+        tally.policy(mode).cycles += tokens if mode == "greedy" else 1 + int(meta.get("spec_verify_ct", 0))
+    figures = {name: engine_json(t, mode) for name, t in sources.items()}
+    figures["overall"] = engine_json(overall(sources.values()), mode)
+    return figures, mismatches
+
+
+def server_state(infos: list[tuple[str, dict]]) -> dict | None:
+    """HVD's own figures from /get_server_info: one server's, or the fleet's totals."""
+    status = fleet_status(infos)
+    if len(status.ranks) == 1:
+        return dict(status.ranks[0].hvd)
+    return {**status.totals, "replicas": [dict(r.hvd) for r in status.ranks]} if status.ranks else None
+
+
+# ----------------------------------------------------------------------------- replay
+
+
+def policy_figures(result, policy: str) -> dict:
+    """``{source: figures, "overall": figures}`` of one policy of a replay result."""
+    out = {name: s.policy(policy).to_json() for name, s in result.sources.items()}
+    out["overall"] = result.overall.policy(policy).to_json()
+    return out
 
 
 def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_config, concurrency: int,
@@ -172,8 +428,7 @@ def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_confi
     records = [r for turns in convs for r in turns]
     if mode == "greedy":
         result = simulate(records, create_drafter("native", drafter_config), [Greedy()], model, prefill_first=True)
-        out = {name: s.policy("greedy").to_json() for name, s in result.sources.items()}
-        out["overall"] = result.overall.policy("greedy").to_json()
+        out = policy_figures(result, "greedy")
         return {"fleet": out, "sequential": out}
     if mode == "rule":
         gate = ScoreRuleGate(gate, rule_score)
@@ -184,161 +439,72 @@ def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_confi
     fleet = serve_fleet(convs, stepper, model, concurrency, policy=mode).to_json(mode)
     policy = Eagle3Only() if mode == "eagle3_only" else GatePolicy(gate, rule, mode)
     result = simulate(records, create_drafter("native", drafter_config), [policy], model, prefill_first=True)
-    sequential = {name: s.policy(policy.name).to_json() for name, s in result.sources.items()}
-    sequential["overall"] = result.overall.policy(policy.name).to_json()
-    return {"fleet": fleet, "sequential": sequential}
+    return {"fleet": fleet, "sequential": policy_figures(result, policy.name)}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("traces", nargs="+", metavar="TRACES", help="trace files (hvd import / hvd collect), .gz or not")
-    p.add_argument("--modes", default="eagle3_only,cache_only,hvd", metavar="M1,M2",
-                   help=f"comma-separated, from {', '.join(MODES)} (default: %(default)s)")
-    p.add_argument("--gate", metavar="GATE_DIR", help="a gate from `hvd train`: needed by cache_only and hvd; its "
-                   "verify shape, EAGLE3 curve and drafter settings are the run's")
-    p.add_argument("--rule-score", type=float, metavar="C", help="the rule mode's minimum cache draft score "
-                   "(default: the gate's calibrated rule_threshold)")
-    p.add_argument("--limit-conversations", type=int, metavar="N", help="the first N conversations of each source")
-    p.add_argument("--sources", metavar="S1,S2", help="only these sources (default: all)")
-    p.add_argument("--concurrency", type=int, default=4, metavar="C", help="conversations in flight (default: %(default)s)")
-    p.add_argument("--replicas", type=int, default=1, metavar="R", help="servers per mode; more than one are "
-                   "served through sglang-router (the router extra) and replay's figure stays one server's, so the "
-                   "ratio shows what routing costs (default: %(default)s)")
-    p.add_argument("--router-policy", default="cache_aware", metavar="POLICY",
-                   help="sglang-router's --policy with --replicas > 1: cache_aware, round_robin, random, "
-                        "power_of_two (default: %(default)s)")
-    p.add_argument("--verify-topk", type=int, metavar="K", help="without --gate: SGLang's topk (default 1)")
-    p.add_argument("--verify-steps", type=int, metavar="S", help="without --gate: draft steps (default 3)")
-    p.add_argument("--eagle3-curve", metavar="CURVE", help="without --gate: EAGLE3 tokens per verify by draft nodes "
-                   f"(default {Eagle3Curve().text()})")
-    p.add_argument("--draft-seed", type=int, default=0, metavar="N", help="seed of the EAGLE3 stand-in's errors")
-    p.add_argument("--work-dir", metavar="DIR", help="where the oracle models and server logs go (default: a temp dir)")
-    p.add_argument("--json", metavar="OUT", help="write every figure here")
-    a = p.parse_args(argv)
-    # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the running server is stopped too
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        p.error(f"--modes: unknown mode {bad[0] if bad else '(none)'!r}; choose from {', '.join(MODES)}")
-    if any(m in GATED for m in modes) and not a.gate:
-        p.error("--modes cache_only, rule and hvd need --gate GATE_DIR (a folder written by `hvd train`)")
-    if a.concurrency < 1:
-        p.error("--concurrency must be >= 1")
-    if a.replicas < 1:
-        p.error("--replicas must be >= 1")
-    if a.replicas > 1:
-        import importlib.util
+# ------------------------------------------------------------------------------- a mode
 
-        if importlib.util.find_spec("sglang_router") is None:
-            p.error("--replicas > 1 needs sglang-router: pip install 'sglang-hvd[router]'")
-    if a.json and os.path.isdir(a.json):
-        p.error(f"--json {a.json}: is a directory")
-    reason = harness.sglang_available()
-    if reason:
-        p.error(f"the engine needs the sglang extra ({reason}): run with .venv-sglang/bin/python after "
-                "`bash tests/run --sglang --co -q`")
 
-    gate = Gate(a.gate) if a.gate else None
-    if gate is not None:
-        model, drafter_config = gate.spec.verify, gate.spec.drafter
-        if a.verify_topk or a.verify_steps or a.eagle3_curve:
-            p.error("with --gate the verify shape and EAGLE3 curve are the gate's; drop --verify-*/--eagle3-curve")
-    else:
-        from sglang_hvd.drafter.protocol import DrafterConfig
+def run_mode(s: Settings, mode: str, oracle: Oracle, work: str) -> dict:
+    """Serve every conversation in ``mode``, then replay them; the mode's report."""
+    served = oracle.served
+    started = time.time()
+    server, replicas = start_servers(s, mode, oracle.models, work)
+    try:
+        results = serve(server, oracle.convs, s.concurrency, Progress(mode, sum(len(r.output_ids) for r in served)))
+        infos = [(r.url, r.server_info()) for r in replicas]
+    finally:
+        for x in {id(x): x for x in [server, *replicas]}.values():
+            x.stop()
+    engine, mismatches = engine_tallies(served, results, mode)
+    predicted = replay(oracle.convs, mode, s.gate, s.model, s.drafter_config, s.concurrency, s.rule_score)
+    fleet, sequential = predicted["fleet"], predicted["sequential"]
+    return {
+        "engine": engine["overall"], "replay": {"cycles_per_1k": fleet["overall"]["cycles_per_1k"],
+                                                "sequential_cycles_per_1k": sequential["overall"]["cycles_per_1k"]},
+        "ratio": engine["overall"]["cycles_per_1k"] / max(fleet["overall"]["cycles_per_1k"], 1e-9),
+        "lossless": not mismatches, "mismatches": mismatches[:20], "num_mismatches": len(mismatches),
+        "sources": {src: {"engine": engine[src], "replay": fleet[src], "replay_sequential": sequential[src]}
+                    for src in engine if src != "overall"},
+        "server_hvd": server_state(infos), "seconds": time.time() - started,
+    }
 
-        topk, steps = a.verify_topk or 1, a.verify_steps or 3
-        nodes = steps + 1 if topk == 1 else min(topk + (steps - 1) * topk ** 2, 16) + 1
-        model = VerifyModel(VerifyShape(topk, steps, nodes), Eagle3Curve.parse(a.eagle3_curve) if a.eagle3_curve else Eagle3Curve())
-        drafter_config = DrafterConfig()
-    rule_score = a.rule_score if a.rule_score is not None or gate is None else gate.spec.rule_threshold
-    if "rule" in modes and (rule_score is None or not math.isfinite(rule_score)):
-        p.error("--modes rule: the gate has no calibrated rule_threshold; pass --rule-score C")
-    shape = model.shape
-    sources = {s.strip() for s in a.sources.split(",")} if a.sources else None
-    records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources]
-    convs = first_conversations(records, a.limit_conversations)
-    if not convs:
-        p.error("no conversations to serve (check TRACES and --sources)")
-    work = a.work_dir or tempfile.mkdtemp(prefix="hvd_engine_eval_")
-    if shape.topk > 1:
-        print(f"engine_eval: calibrating the EAGLE3 stand-in's tree to {model.eagle3.tokens(shape.draft_nodes):.3g} tokens "
-              f"per verify at {shape.draft_nodes} nodes (~20 s)", file=sys.stderr)
-    draft_model = calibrated_draft_model(model.eagle3, shape.topk, shape.steps, shape.nodes, seed=a.draft_seed)
-    models = write_oracle_models(os.path.join(work, "models"), [r for turns in convs for r in turns], draft_model)
-    dropped = set(models.report.dropped)
-    convs = [[r for r in turns if r.req_id not in dropped] for turns in convs]
-    convs = [turns for turns in convs if turns]
-    served = [r for turns in convs for r in turns]
-    total_tokens = sum(len(r.output_ids) for r in served)
-    print(f"engine_eval: {len(convs)} conversations, {len(served)} requests, {total_tokens:,} output tokens; "
-          f"verify {shape.describe()}, EAGLE3 curve {model.eagle3.text()}; "
-          f"{len(dropped)} requests dropped (a prefix another recording continues differently); EAGLE3 stand-in: "
-          f"per-depth accuracy {', '.join(f'{q:.3f}' for q in draft_model.accept_probs)}, "
-          f"runner-up {draft_model.runner_up_prob:g}", file=sys.stderr)
 
-    report = {"settings": {"traces": a.traces, "modes": modes, "gate": a.gate, "shape": shape.to_json(),
-                           "eagle3_curve": model.eagle3.text(), "concurrency": a.concurrency,
-                           "limit_conversations": a.limit_conversations,
-                           "replicas": a.replicas, "router_policy": a.router_policy if a.replicas > 1 else None,
-                           "rule_score": rule_score if "rule" in modes else None, "draft_error_model": draft_model.to_json(),
-                           "conversations": len(convs), "requests": len(served), "dropped_requests": sorted(dropped)},
-              "modes": {}}
-    for mode in modes:
-        args, env, launcher = server_args(mode, models, shape, a.gate, a.concurrency, rule_score)
-        started = time.time()
-        replicas = []
-        try:
-            for _ in range(a.replicas):
-                replicas.append(harness.start_server(models.target, args, env, base_args=[], log_dir=work, launcher=launcher))
-            server = replicas[0] if a.replicas == 1 else harness.start_router([r.url for r in replicas], a.router_policy,
-                                                                               log_dir=work)
-        except BaseException:
-            for r in replicas:
-                r.stop()
-            raise
-        done = [0]
-        last = [0.0]
-
-        def progress(n, mode=mode):
-            done[0] += n
-            if time.time() - last[0] > 5 or done[0] == total_tokens:
-                last[0] = time.time()
-                print(f"  {mode}: {done[0]:,}/{total_tokens:,} tokens ({time.time() - started:.0f} s)", file=sys.stderr)
-
-        try:
-            results = serve(server, convs, a.concurrency, progress)
-            infos = [(r.url, r.server_info()) for r in replicas]
-        finally:
-            for s in {id(x): x for x in [server, *replicas]}.values():
-                s.stop()
-        engine, mismatches = engine_tallies(served, results, mode)
-        predicted = replay(convs, mode, gate, model, drafter_config, a.concurrency, rule_score)
-        fleet, sequential = predicted["fleet"], predicted["sequential"]
-        status = fleet_status(infos)
-        hvd_state = dict(status.ranks[0].hvd) if len(status.ranks) == 1 else (
-            {**status.totals, "replicas": [dict(r.hvd) for r in status.ranks]} if status.ranks else None)
-        report["modes"][mode] = {
-            "engine": engine["overall"], "replay": {"cycles_per_1k": fleet["overall"]["cycles_per_1k"],
-                                                    "sequential_cycles_per_1k": sequential["overall"]["cycles_per_1k"]},
-            "ratio": engine["overall"]["cycles_per_1k"] / max(fleet["overall"]["cycles_per_1k"], 1e-9),
-            "lossless": not mismatches, "mismatches": mismatches[:20], "num_mismatches": len(mismatches),
-            "sources": {s: {"engine": engine[s], "replay": fleet[s], "replay_sequential": sequential[s]}
-                        for s in engine if s != "overall"},
-            "server_hvd": hvd_state, "seconds": time.time() - started,
-        }
+def print_table(report: dict) -> None:
     print(f"\n{'mode':<12} {'source':<12} {'engine c/1k':>11} {'replay c/1k':>11} {'ratio':>6}  lossless"
           "   (replay: fleet replay at the same concurrency)")
     for mode, m in report["modes"].items():
-        for s, v in sorted(m["sources"].items()) + [("overall", {"engine": m["engine"], "replay": m["replay"]})]:
+        for src, v in sorted(m["sources"].items()) + [("overall", {"engine": m["engine"], "replay": m["replay"]})]:
             e, r = v["engine"]["cycles_per_1k"], v["replay"]["cycles_per_1k"]
-            print(f"{mode:<12} {s:<12} {e:>11.1f} {r:>11.1f} {e / max(r, 1e-9):>6.3f}  "
+            print(f"{mode:<12} {src:<12} {e:>11.1f} {r:>11.1f} {e / max(r, 1e-9):>6.3f}  "
                   f"{'yes' if m['lossless'] else 'NO (%d)' % m['num_mismatches']}")
-    if a.json:
-        with open(a.json, "w") as f:
+
+
+def run(s: Settings) -> int:
+    convs = load_conversations(s)
+    work = s.work_dir or tempfile.mkdtemp(prefix="hvd_engine_eval_")
+    os.makedirs(work, exist_ok=True)
+    oracle = build_oracle(s, convs, work)
+    print(describe_run(s, oracle), file=sys.stderr)
+    report = {"settings": settings_json(s, oracle), "modes": {}}
+    for mode in s.modes:
+        report["modes"][mode] = run_mode(s, mode, oracle, work)
+    print_table(report)
+    if s.json_path:
+        with open(s.json_path, "w") as f:
             json.dump(report, f, indent=2)
     return 0 if all(m["lossless"] for m in report["modes"].values()) else 1
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the running server is stopped too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        return run(resolve(a))
+    except HvdInputError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

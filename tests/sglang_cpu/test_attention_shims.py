@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 torch = pytest.importorskip("torch")
 
-from .stubs.hvd_cpu_shims import attention  # noqa: E402
+from sglang_hvd.harness.stubs.hvd_cpu_shims import attention  # noqa: E402
 
 HEADS, KV_HEADS, DIM, ROWS = 4, 2, 8, 64
 

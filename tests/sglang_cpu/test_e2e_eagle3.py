@@ -23,8 +23,8 @@ import pytest
 
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 
-from . import harness  # noqa: E402
-from .tiny_models import CYCLE_TOKENS  # noqa: E402
+from sglang_hvd.harness import server as harness  # noqa: E402
+from sglang_hvd.harness.tiny_models import CYCLE_TOKENS  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 

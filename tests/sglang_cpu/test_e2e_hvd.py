@@ -32,11 +32,11 @@ import pytest
 
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 
-from . import harness  # noqa: E402
-from .faults import faulty_gate  # noqa: E402
+from sglang_hvd.harness import server as harness  # noqa: E402
+from sglang_hvd.harness.faults import faulty_gate  # noqa: E402
+from . import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
-REPO = harness.REPO
 
 
 def _prompts() -> list[dict]:
@@ -178,7 +178,7 @@ def _behind_router(factory, model: str, hvd: dict, work) -> dict:
 
 def _collect(server, work) -> dict:
     """hvd collect against the live HVD server, then a resumed rerun."""
-    from .tiny_models import qwen_tokenizer_dir
+    from sglang_hvd.harness.tiny_models import qwen_tokenizer_dir
 
     conv = work / "conv.jsonl"
     lines = [json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Say something about {w}."},

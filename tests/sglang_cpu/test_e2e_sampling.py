@@ -36,8 +36,9 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 stats = pytest.importorskip("scipy.stats", reason="the chi-square tests need scipy (the sglang extra has it)")
 
-from . import harness  # noqa: E402
-from .tiny_models import CYCLE_TOKENS  # noqa: E402
+from sglang_hvd.harness import server as harness  # noqa: E402
+from sglang_hvd.harness.tiny_models import CYCLE_TOKENS  # noqa: E402
+from . import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
@@ -45,7 +46,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 def _power_module():
     import importlib.util
 
-    path = os.path.join(harness.REPO, "launch", "bench", "sampling_power.py")
+    path = os.path.join(REPO, "launch", "bench", "sampling_power.py")
     spec = importlib.util.spec_from_file_location("sampling_power", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -15,11 +15,12 @@ import pytest
 
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 
-from . import harness  # noqa: E402
-from .tiny_models import qwen_tokenizer_dir  # noqa: E402
+from sglang_hvd.harness import server as harness  # noqa: E402
+from sglang_hvd.harness.tiny_models import qwen_tokenizer_dir  # noqa: E402
+from . import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
-SHARED = os.path.join(os.path.dirname(harness.REPO), "shared", "data", "conversations")
+SHARED = os.path.join(os.path.dirname(REPO), "shared", "data", "conversations")
 SOURCES = ("taubench_airline.jsonl", "swe_agent.jsonl")
 # A small sample (two conversations, ~2k tokens): EAGLE3's seeded errors and the
 # concurrency of two conversations leave a few percent between engine and replay.
@@ -35,7 +36,7 @@ def dev_traces(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("engine_eval") / "dev.jsonl")
     done = subprocess.run([harness.SGLANG_PYTHON, "-m", "sglang_hvd.cli.main", "import", *files, "--tokenizer",
                            qwen_tokenizer_dir(), "--limit", "1", "-o", out], capture_output=True, text=True,
-                          cwd=harness.REPO, timeout=600)
+                          cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return out
 
@@ -46,11 +47,18 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     records = list(iter_traces(dev_traces))
     assert {r.source for r in records} == {"tau-bench", "swe-agent"}
     out = tmp_path / "engine.json"
-    done = subprocess.run([harness.SGLANG_PYTHON, "launch/bench/engine_eval.py", dev_traces, "--modes", "eagle3_only,rule,hvd",
-                           "--gate", qwen_gates(1, 3, 4), "--concurrency", "2", "--work-dir", str(tmp_path / "work"),
-                           "--json", str(out)], capture_output=True, text=True, cwd=harness.REPO, timeout=1500)
+    # Run from elsewhere, every path relative to there (the servers run in the work folder:
+    # a relative --gate used to fail only after the first mode had been served).
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    rel = lambda path: os.path.relpath(path, here)  # noqa: E731
+    done = subprocess.run([harness.SGLANG_PYTHON, os.path.join(REPO, "launch", "bench", "engine_eval.py"),
+                           rel(dev_traces), "--modes", "eagle3_only,rule,hvd", "--gate", rel(qwen_gates(1, 3, 4)),
+                           "--concurrency", "2", "--work-dir", "../work", "--json", "../engine.json"],
+                          capture_output=True, text=True, cwd=here, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
+    assert report["settings"]["gate"] == qwen_gates(1, 3, 4) and report["settings"]["traces"] == [dev_traces]
     assert report["settings"]["dropped_requests"] == []
     assert report["settings"]["requests"] == len(records)
     tokens = sum(len(r.output_ids) for r in records)

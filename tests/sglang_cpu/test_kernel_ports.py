@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 torch = pytest.importorskip("torch")
 
-from .stubs.hvd_cpu_shims import kernels as K  # noqa: E402
-from .stubs.hvd_cpu_shims.attention import draft_decode_table  # noqa: E402
+from sglang_hvd.harness.stubs.hvd_cpu_shims import kernels as K  # noqa: E402
+from sglang_hvd.harness.stubs.hvd_cpu_shims.attention import draft_decode_table  # noqa: E402
 
 QLEN_ONLY, FULL_MASK = K.QLEN_ONLY, K.FULL_MASK
 

@@ -1,4 +1,4 @@
-"""The sampling-verify port (``stubs/hvd_cpu_shims/sampling.py``) without a server.
+"""The sampling-verify port (``harness/stubs/hvd_cpu_shims/sampling.py``) without a server.
 
 Literal cases of the tree kernel and of the renorm ports, then the property that makes
 verify lossless: generating with draft trees verified by the port gives token sequences
@@ -10,17 +10,12 @@ rejected children left in) fails the same test.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
 stats = pytest.importorskip("scipy.stats", reason="the goodness-of-fit tests need scipy (the sglang extra has it)")
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs"))
-
-from hvd_cpu_shims import sampling as S  # noqa: E402
+from sglang_hvd.harness.stubs.hvd_cpu_shims import sampling as S  # noqa: E402
 
 # A tree of 5 nodes (what SGLang's retrieve arrays describe): root 0; children 1 and 2
 # (siblings, tried in that order); 3 under 1; 4 under 3.

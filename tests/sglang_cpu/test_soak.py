@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 
-from . import harness  # noqa: E402
+from sglang_hvd.harness import server as harness  # noqa: E402
+from . import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
@@ -21,7 +22,7 @@ def test_a_minute_of_load_and_faults_loses_nothing(qwen_gates, tmp_path):
     out = tmp_path / "soak.json"
     done = subprocess.run([harness.SGLANG_PYTHON, "launch/bench/soak.py", "--minutes", "1", "--concurrency", "6",
                            "--gate", qwen_gates(1, 3, 4), "--work-dir", str(tmp_path / "work"), "--json", str(out)],
-                          capture_output=True, text=True, cwd=harness.REPO, timeout=900)
+                          capture_output=True, text=True, cwd=REPO, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert all(report["checks"].values()), report["checks"]

@@ -14,7 +14,7 @@ pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang ex
 
 from sglang_hvd.patches.rows import FULL_MASK, QLEN_ONLY, rewrite_tree_rows  # noqa: E402
 
-from .stubs.hvd_trace_oracle import table as T  # noqa: E402
+from sglang_hvd.harness.stubs.hvd_trace_oracle import table as T  # noqa: E402
 from .test_tree_rows import N, SEQ_LENS, build, plans  # noqa: E402
 
 

@@ -21,7 +21,7 @@ from sglang.srt.speculative.eagle_info import EagleVerifyInput  # noqa: E402
 from sglang_hvd.patches.rows import (QLEN_ONLY, FULL_MASK, WideEagleVerifyInput, cache_topology,  # noqa: E402
                                      pack_plans, rewrite_tree_rows, widen)
 
-from .stubs.hvd_cpu_shims import kernels as K  # noqa: E402
+from sglang_hvd.harness.stubs.hvd_cpu_shims import kernels as K  # noqa: E402
 from .triton_reference import _grow_tree  # noqa: E402
 
 TOPK, STEPS, N = 2, 3, 8

@@ -18,7 +18,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs"))
+from sglang_hvd.harness.server import STUBS_DIR
+
+# As in the servers: the stubs are top-level packages (sgl_kernel is the strict stub).
+sys.path.insert(0, STUBS_DIR)
 
 from hvd_cpu_shims import kernels as K  # noqa: E402
 from hvd_cpu_shims import sampling as S  # noqa: E402

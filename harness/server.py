@@ -1,9 +1,9 @@
-"""Start and stop a real SGLang 0.5.23 server on the CPU, for tests.
+"""Start and stop a real SGLang 0.5.23 server on the CPU, for tests and benchmarks.
 
 ``start_server(model_dir, extra_args=[...], env={...})`` runs
 ``python -m sglang.launch_server`` (with the SGLang virtualenv's Python) on
-127.0.0.1 and a free port, with the CPU engine switched on and the test shims of
-``tests/sglang_cpu/stubs`` installed in every process (``site/sitecustomize.py`` on
+127.0.0.1 and a free port, with the CPU engine switched on and the shims of
+``stubs/`` (next to this file) installed in every process (``site/sitecustomize.py`` on
 ``PYTHONPATH`` plus ``HVD_TEST_SGLANG_CPU=1``). It waits for ``/health`` and returns
 an ``SGLangServer``; ``stop()`` kills the server's process group.
 
@@ -26,7 +26,6 @@ import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 SITE_DIR = os.path.join(HERE, "site")
 STUBS_DIR = os.path.join(HERE, "stubs")
 SGLANG_PYTHON = os.environ.get("HVD_SGLANG_PYTHON", sys.executable)  # the venv running the tests
@@ -111,7 +110,8 @@ class SGLangServer:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 body = resp.read()
         except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{path} -> HTTP {exc.code}: {exc.read()[:2000]!r}\n--- server log tail ---\n{self.log_tail()}") from exc
+            raise RuntimeError(f"{path} -> HTTP {exc.code}: {exc.read()[:2000]!r}\n"
+                               f"--- server log tail ---\n{self.log_tail()}") from exc
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise RuntimeError(f"{path} failed: {exc}\n--- server log tail ---\n{self.log_tail()}") from exc
         try:
@@ -222,12 +222,15 @@ def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict 
     ``extra_args`` come after ``BASE_ARGS`` (argparse: a repeated flag wins last);
     ``env`` is added to the environment (after ``BASE_ENV``). On failure to become
     healthy within ``startup_timeout`` the server is killed and ``ServerStartError``
-    carries the command and the log tail.
+    carries the command and the log tail. The server's working directory is ``log_dir``:
+    paths in ``extra_args`` must be absolute (``model_dir`` and ``log_dir`` are made so).
     """
     port = port or free_port()
+    # The server runs in the log folder: a relative model folder would point elsewhere there.
+    model_dir = os.path.abspath(model_dir) if os.path.exists(model_dir) else model_dir
     args = [python, "-m", launcher, "--model-path", model_dir, "--host", "127.0.0.1", "--port", str(port),
             *(BASE_ARGS if base_args is None else base_args), *(extra_args or [])]
-    log_dir = log_dir or tempfile.mkdtemp(prefix="sglang_cpu_")
+    log_dir = os.path.abspath(log_dir or tempfile.mkdtemp(prefix="sglang_cpu_"))
     started = time.time()
     server = _spawn(args, os.path.join(log_dir, f"server_{port}.log"), port, env=server_env(env))
     proc, log_path = server.process, server.log_path
@@ -235,12 +238,14 @@ def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict 
         while True:
             if proc.poll() is not None:
                 raise ServerStartError(f"SGLang server exited with code {proc.returncode} during start-up\n"
-                                       f"command: {' '.join(args)}\n--- log tail ({log_path}) ---\n{server.log_tail(80)}")
+                                       f"command: {' '.join(args)}\n"
+                                       f"--- log tail ({log_path}) ---\n{server.log_tail(80)}")
             if server.healthy():
                 break
             if time.time() - started > startup_timeout:
                 raise ServerStartError(f"SGLang server not healthy after {startup_timeout:.0f} s\n"
-                                       f"command: {' '.join(args)}\n--- log tail ({log_path}) ---\n{server.log_tail(80)}")
+                                       f"command: {' '.join(args)}\n"
+                                       f"--- log tail ({log_path}) ---\n{server.log_tail(80)}")
             time.sleep(1.0)
     except BaseException:
         server.stop()
@@ -276,7 +281,8 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", *, log_dir
         while not ready():
             if proc.poll() is not None or time.time() - started > startup_timeout:
                 raise ServerStartError(f"sglang-router did not become healthy (exit code {proc.returncode})\n"
-                                       f"command: {' '.join(args)}\n--- log tail ({log_path}) ---\n{router.log_tail(40)}")
+                                       f"command: {' '.join(args)}\n"
+                                       f"--- log tail ({log_path}) ---\n{router.log_tail(40)}")
             time.sleep(0.5)
     except BaseException:
         router.stop()
@@ -316,7 +322,7 @@ def roll_replica(router: SGLangServer, old: SGLangServer, restart, timeout: floa
 
     def drained() -> bool:
         loads = _json(old.url + "/v1/loads?include=core")["loads"]
-        return all(l.get("num_running_reqs", 0) + l.get("num_waiting_reqs", 0) == 0 for l in loads)
+        return all(load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0) == 0 for load in loads)
 
     _wait(drained, timeout, f"{old.url} drains")
     old.stop()
@@ -335,6 +341,6 @@ def sglang_available(python: str = SGLANG_PYTHON) -> str | None:
         import importlib.util
 
         return None if importlib.util.find_spec("sglang") else "sglang is not installed"
-    rc = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('sglang') is None)"],
-                        capture_output=True).returncode
+    probe = "import importlib.util,sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+    rc = subprocess.run([python, "-c", probe], capture_output=True).returncode
     return None if rc == 0 else f"sglang is not importable by {python}"

@@ -182,7 +182,7 @@ def check_module(name: str, module) -> None:
     """Raise ShimContractError listing what changed in ``module`` (a just-imported one)."""
     problems = _module_problems(name, module)
     if problems:
-        raise ShimContractError("tests/sglang_cpu shims do not fit this SGLang:\n  " + "\n  ".join(problems))
+        raise ShimContractError("the CPU harness shims (sglang_hvd.harness) do not fit this SGLang:\n  " + "\n  ".join(problems))
 
 
 def check_all(cpu_bindings: bool = False) -> list[str]:

@@ -19,17 +19,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 
+# table.py is numpy only: the harness reads it as a subpackage; the servers load the same
+# file as the top-level package hvd_trace_oracle (stubs/ on their sys.path).
+from .stubs.hvd_trace_oracle import table as T
+from .stubs.hvd_trace_oracle.table import (LOGIT_OFF, RANK_LOGITS, WRONG_TOKEN_SPAN, BuildReport, DraftErrorModel,
+                                           OracleTable)
 from .tiny_models import VOCAB_SIZE, _copy_tokenizer, draft_config, target_config
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs"))
-from hvd_trace_oracle import table as T  # noqa: E402
-from hvd_trace_oracle.table import (LOGIT_OFF, RANK_LOGITS, WRONG_TOKEN_SPAN, BuildReport, DraftErrorModel,  # noqa: E402
-                                    OracleTable)
 
 ORACLE_ENV = {"SGLANG_EXTERNAL_MODEL_PACKAGE": "hvd_trace_oracle"}
 # no weights to read; the draft follows --load-format
@@ -85,7 +84,8 @@ def emulated_tokens_per_verify(model: DraftErrorModel, topk: int, steps: int, no
     return total / roots
 
 
-def calibrated_draft_model(curve, topk: int, steps: int, nodes: int, seed: int = 0, iterations: int = 12) -> DraftErrorModel:
+def calibrated_draft_model(curve, topk: int, steps: int, nodes: int, seed: int = 0,
+                           iterations: int = 12) -> DraftErrorModel:
     """The stand-in for a verify shape and an EAGLE3 curve (``curve.tokens(k)``); see the
     module doc."""
     if topk > len(RANK_LOGITS):
@@ -112,7 +112,8 @@ class OracleModels:
     max_context_tokens: int
 
 
-def write_oracle_models(out_dir: str, records, draft: DraftErrorModel, *, eos_token_id: int = QWEN3_EOS) -> OracleModels:
+def write_oracle_models(out_dir: str, records, draft: DraftErrorModel, *,
+                        eos_token_id: int = QWEN3_EOS) -> OracleModels:
     records = list(records)
     table, report = OracleTable.build(records, eos_token_id=eos_token_id)
     os.makedirs(out_dir, exist_ok=True)

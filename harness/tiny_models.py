@@ -70,7 +70,8 @@ def _save(out_dir: str, config: dict, tensors: dict[str, np.ndarray]) -> str:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}, os.path.join(out_dir, "model.safetensors"))
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()},
+              os.path.join(out_dir, "model.safetensors"))
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({"do_sample": False, "eos_token_id": config.get("eos_token_id")}, f)
     return out_dir
@@ -100,7 +101,8 @@ def target_config(arch: str = "llama", *, hidden: int = 64, layers: int = 4, hea
         "use_cache": True,
     }
     if arch == "llama":
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "mlp_bias": False, "pretraining_tp": 1, **common}
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "mlp_bias": False, "pretraining_tp": 1,
+                **common}
     if arch == "qwen3":
         return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "use_sliding_window": False,
                 "sliding_window": None, "max_window_layers": layers, "attention_dropout": 0.0, **common}

@@ -1,8 +1,8 @@
-"""A strict stand-in for ``sgl_kernel`` on a machine without libcuda (tests only).
+"""A strict stand-in for ``sgl_kernel`` on a machine without libcuda (the CPU harness).
 
 The installed sgl_kernel wheel is the CUDA build; ``import sgl_kernel`` fails
 without libcuda, and SGLang imports it from dozens of modules. This package is put
-in front of it (``tests/sglang_cpu/site/sitecustomize.py``, only when
+in front of it (``harness/site/sitecustomize.py``, only when
 ``HVD_TEST_SGLANG_CPU=1``) and exports:
 
 * the torch ports of the CPU kernels the speculative path calls
@@ -43,8 +43,8 @@ class _Missing:
 
     def _fail(self, *args, **kwargs):
         raise StubSymbolError(
-            f"sgl_kernel stub (tests/sglang_cpu): '{self._name}' is not implemented on the CPU "
-            "test harness; add a torch port to tests/sglang_cpu/stubs/hvd_cpu_shims/kernels.py "
+            f"sgl_kernel stub (sglang_hvd.harness): '{self._name}' is not implemented on the CPU "
+            "harness; add a torch port to harness/stubs/hvd_cpu_shims/kernels.py "
             "if the CPU path really needs it"
         )
 

@@ -43,7 +43,7 @@ class HvdTraceOracleForCausalLM(NoWeights, nn.Module):
         self.config = config
         settings = getattr(config, "hvd_trace_oracle", None) or {}
         if "table" not in settings:
-            raise ValueError("HvdTraceOracleForCausalLM needs config.hvd_trace_oracle.table (tests/sglang_cpu/trace_oracle.py)")
+            raise ValueError("HvdTraceOracleForCausalLM needs config.hvd_trace_oracle.table (sglang_hvd.harness.trace_oracle)")
         self.table = OracleTable.load(settings["table"])
         self.vocab = int(config.vocab_size)
         self.hidden = int(config.hidden_size)

@@ -1,10 +1,10 @@
-"""Test-only shims that let a real SGLang 0.5.23 run EAGLE3 on a CPU-only machine.
+"""Shims that let a real SGLang 0.5.23 run EAGLE3 on a CPU-only machine.
 
-``install()`` is called by ``tests/sglang_cpu/site/sitecustomize.py`` in every
+``install()`` is called by the harness's ``site/sitecustomize.py`` in every
 Python process (SGLang spawns its scheduler and detokenizer with ``spawn``) when
 ``HVD_TEST_SGLANG_CPU=1``. It never edits the installed SGLang:
 
-* ``sgl_kernel`` resolves to the strict stub in ``tests/sglang_cpu/stubs/sgl_kernel``
+* ``sgl_kernel`` resolves to the strict stub in ``stubs/sgl_kernel`` (the harness's)
   (the folder is put first on ``sys.path``), which exports the torch kernel ports
   of ``kernels.py``;
 * SGLang modules are patched right after they are first imported, by a

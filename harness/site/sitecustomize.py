@@ -1,9 +1,9 @@
-"""Installs the SGLang CPU test shims in every Python process, when asked to.
+"""Installs the SGLang CPU harness shims in every Python process, when asked to.
 
-``tests/sglang_cpu/harness.py`` puts this folder on ``PYTHONPATH`` of the SGLang
+``sglang_hvd.harness.server`` puts this folder on ``PYTHONPATH`` of the SGLang
 server it starts, so this file runs at start-up of the server and of every child
 SGLang spawns. It does nothing unless ``HVD_TEST_SGLANG_CPU=1``; then it calls
-``hvd_cpu_shims.install()`` (see ``tests/sglang_cpu/stubs/hvd_cpu_shims``).
+``hvd_cpu_shims.install()`` (see ``harness/stubs/hvd_cpu_shims``).
 
 Python imports only the first ``sitecustomize`` on ``sys.path``; to stay
 transparent, this one then runs the next one found, if any.

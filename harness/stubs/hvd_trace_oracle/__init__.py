@@ -1,4 +1,4 @@
-"""Trace-oracle models for the CPU harness (test and benchmark code, never shipped).
+"""Trace-oracle models for the CPU harness (test and benchmark code; not used by serving).
 
 A server started with ``SGLANG_EXTERNAL_MODEL_PACKAGE=hvd_trace_oracle`` (and this
 folder's parent on ``sys.path``, which ``HVD_TEST_SGLANG_CPU=1`` arranges) resolves two
@@ -14,5 +14,5 @@ architectures here:
   proposes the recorded next tokens with a seeded error model calibrated to an EAGLE3
   curve (table.DraftErrorModel), reading the prefix hash from the hidden states.
 
-``tests/sglang_cpu/trace_oracle.py`` writes the model folders and the table.
+``sglang_hvd.harness.trace_oracle`` (harness/trace_oracle.py) writes the model folders and the table.
 """
