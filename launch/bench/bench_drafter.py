@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, available_drafters, create_drafter
-from sglang_hvd.replay.acceptance import VerifyModel
+from sglang_hvd.verify import VerifyModel
 from sglang_hvd.verify import Eagle3Curve, VerifyShape
 from sglang_hvd.replay.engine import accept_len
 from sglang_hvd.replay.policies import BASELINES, PolicyOptions, make_policies

@@ -5,8 +5,9 @@
 Collects real feature rows (cache drafts of the traces, with their request histories
 and, where the gate serves cache siblings, the row trees its tree features describe),
 then times, per call on one core: features for a batch of B rows, and one onnxruntime
-call on B rows (median and p99 over many calls). Targets: features <= 200 us and
-inference <= 30 us for a batch of 32.
+call on B rows (median and p99 over many calls), each batch packed beforehand as the
+drafter hands it over (DraftBatch, StateBatch, RowTreeBatch). Targets: features <= 200
+us and inference <= 30 us for a batch of 32.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import time
 
 import numpy as np
 
+from sglang_hvd.decision import described
 from sglang_hvd.drafter import create_drafter
+from sglang_hvd.drafter.batch import DraftBatch, RowTreeBatch
 from sglang_hvd.drafter.native_drafter import default_drafter_name
-from sglang_hvd.features import RequestHistory
 from sglang_hvd.drafter.row_tree import EMPTY_ROW, speculate_row
-from sglang_hvd.policy import RequestState, described
 from sglang_hvd.gate import Gate
+from sglang_hvd.request_state import RequestHistory, RequestState, StateBatch
 from sglang_hvd.replay.engine import iter_dense
 from sglang_hvd.trace import iter_traces
 
@@ -37,8 +39,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     gate = Gate(args.gate)
     drafter = create_drafter(default_drafter_name(), gate.drafter_config)
-    n = gate.shape.draft_nodes
-    siblings = gate.rule.cache_siblings if gate.shape.allows_branches else 0
+    shape = gate.verify_model.shape
+    n = shape.draft_nodes
+    siblings = gate.rule.cache_siblings if shape.allows_branches else 0
     rows, state, current = [], None, None
     for step in iter_dense(iter_traces(args.traces), drafter):
         r = step.record
@@ -46,17 +49,21 @@ def main(argv=None) -> int:
             current, state = r, RequestState(r.prompt_ids)
         if step.draft.tokens:
             row = speculate_row(drafter, r.req_id, n).head(int(described(len(step.draft), siblings, n))) if siblings else EMPTY_ROW
-            rows.append(state.feature_input(step.draft, row))
+            rows.append((step.draft, state.snapshot(), row))
         state.record(step.draft.tokens)
         state.observe([int(r.output_ids[step.pos])])
         if len(rows) >= args.rows:
             break
     rng = np.random.default_rng(0)
     feat_us, infer_us, history_us = [], [], []
+    batches = []
     for _ in range(args.calls):
-        batch = [rows[i] for i in rng.integers(0, len(rows), size=args.batch)]
+        drafts, states, trees = zip(*(rows[i] for i in rng.integers(0, len(rows), size=args.batch)))
+        grown = RowTreeBatch.of(trees, n) if any(t.tokens for t in trees) else None
+        batches.append((DraftBatch.of(drafts), StateBatch.stack(states), grown))
+    for drafts, states, trees in batches:
         t = time.perf_counter_ns()
-        x = gate.extractor(batch)
+        x = gate.extractor.features(drafts, states, trees)
         feat_us.append((time.perf_counter_ns() - t) / 1e3)
         t = time.perf_counter_ns()
         gate.predict(x)
@@ -67,9 +74,11 @@ def main(argv=None) -> int:
         for _ in range(args.batch):
             h.scalars()
         history_us.append((time.perf_counter_ns() - t) / 1e3)
-    q = lambda a: f"median {np.median(a):7.1f} us, p99 {np.percentile(a, 99):7.1f} us"
-    print(f"{len(rows)} real rows ({sum(len(x.row) > len(x.draft) for x in rows)} with siblings); batch {args.batch}; "
-          "onnxruntime on 1 intra-op thread")
+    def q(a):
+        return f"median {np.median(a):7.1f} us, p99 {np.percentile(a, 99):7.1f} us"
+
+    with_siblings = sum(len(row) > len(draft) for draft, _, row in rows)
+    print(f"{len(rows)} real rows ({with_siblings} with siblings); batch {args.batch}; onnxruntime on 1 intra-op thread")
     print(f"features (extractor)      : {q(feat_us)}")
     print(f"history snapshots (x{args.batch})  : {q(history_us)}")
     print(f"gate inference (1 call)   : {q(infer_us)}")

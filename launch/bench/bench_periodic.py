@@ -37,7 +37,7 @@ def step_costs_us(name: str, requests: int, every: int, max_occurrences: int) ->
         drafter.start_request(rid, prompt)
         emitted, steps, start = 0, 0, time.perf_counter()
         while emitted < OUTPUT_TOKENS:
-            k = int(drafter.speculate_arrays([rid])["lengths"][0])
+            k = int(drafter.speculate_arrays([rid]).lengths[0])
             chunk = text[emitted:emitted + k + 1]  # the draft is right: it and the bonus token are emitted
             drafter.append(rid, chunk)
             emitted += len(chunk)

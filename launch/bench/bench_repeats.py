@@ -48,7 +48,7 @@ def step_costs_us(drafter_name: str, k: int, m: int, requests: int, every: int) 
         pos = 0
         while pos < len(out):
             start = time.perf_counter()
-            length = int(drafter.speculate_arrays([rid])["lengths"][0])
+            length = int(drafter.speculate_arrays([rid]).lengths[0])
             spent_s += time.perf_counter() - start
             calls += 1
             step = out[pos:pos + min(length, 3) + 1]  # the draft is right; at most 3 accepted, then the bonus

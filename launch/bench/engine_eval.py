@@ -63,18 +63,18 @@ from sglang_hvd.cli.options import add_verify_flags, verify_model_from_flags
 from sglang_hvd.drafter import create_drafter
 from sglang_hvd.drafter.protocol import DrafterConfig
 from sglang_hvd.errors import HvdInputError
-from sglang_hvd.gate import Gate, ScoreRuleGate
+from sglang_hvd.gate import Gate
 from sglang_hvd.harness import server as harness
 from sglang_hvd.harness.trace_oracle import ORACLE_ARGS, ORACLE_ENV, calibrated_draft_model, write_oracle_models
-from sglang_hvd.replay.acceptance import VerifyModel
 from sglang_hvd.replay.fleet import conversations_of, serve_fleet
 from sglang_hvd.replay.metrics import SourceTally, overall
-from sglang_hvd.replay.policies import Eagle3Only, GatePolicy, Greedy
+from sglang_hvd.replay.policies import Eagle3OnlyPolicy, GatePolicy, GreedyPolicy
 from sglang_hvd.replay.simulate import simulate
+from sglang_hvd.scorer import ScoreRule
 from sglang_hvd.serving.status import fleet_status
 from sglang_hvd.serving.stepper import HVDStepper
 from sglang_hvd.trace import iter_traces
-from sglang_hvd.verify import TOPK1_SHAPE
+from sglang_hvd.verify import TOPK1_SHAPE, VerifyModel
 
 PROG = "engine_eval"
 MODES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd")
@@ -427,17 +427,17 @@ def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_confi
     sequential replay (every request after the one before)."""
     records = [r for turns in convs for r in turns]
     if mode == "greedy":
-        result = simulate(records, create_drafter("native", drafter_config), [Greedy()], model, prefill_first=True)
+        result = simulate(records, create_drafter("native", drafter_config), [GreedyPolicy()], model, prefill_first=True)
         out = policy_figures(result, "greedy")
         return {"fleet": out, "sequential": out}
     if mode == "rule":
-        gate = ScoreRuleGate(gate, rule_score)
+        gate = ScoreRule(gate, rule_score)
     rule = {"eagle3_only": None, "cache_only": dataclasses.replace(gate.rule, threshold=-math.inf) if gate else None,
             "rule": gate.rule if gate else None, "hvd": gate.rule if gate else None}[mode]
     stepper = HVDStepper(create_drafter("native", drafter_config), gate if mode != "eagle3_only" else None,
                          model.shape, rule=rule)
     fleet = serve_fleet(convs, stepper, model, concurrency, policy=mode).to_json(mode)
-    policy = Eagle3Only() if mode == "eagle3_only" else GatePolicy(gate, rule, mode)
+    policy = Eagle3OnlyPolicy() if mode == "eagle3_only" else GatePolicy(gate, rule, mode)
     result = simulate(records, create_drafter("native", drafter_config), [policy], model, prefill_first=True)
     return {"fleet": fleet, "sequential": policy_figures(result, policy.name)}
 
