@@ -36,7 +36,8 @@ class HVDServingConfig:
     gate: str | None = option(None, "gate directory from `hvd train`; required unless --hvd-disable",
                                metavar="GATE_DIR")
     threshold: float | None = option(
-        None, "verify the cache draft when the predicted accept length > T (-inf: every cache draft)",
+        None, "verify the cache draft when the predicted accept length > T (--hvd-threshold=-inf: every "
+              "cache draft)",
         metavar="T", minus_inf=True, default_text="the gate's")
     score_rule: float | None = option(
         None, "decide by the score rule instead of the gate's prediction: a cache row when the cache draft's "
