@@ -96,7 +96,8 @@ class HVDServingConfig:
         try:
             return dataclasses.replace(base, **dict(self.drafter_overrides))
         except ValueError as e:
-            named = ", ".join(f"{_DRAFTER_BY_NAME[k].env} ({_DRAFTER_BY_NAME[k].flag})" for k, _ in self.drafter_overrides)
+            opts = [_DRAFTER_BY_NAME[k] for k, _ in self.drafter_overrides]
+            named = ", ".join(f"{opt.env} ({opt.flag})" for opt in opts)
             raise HvdInputError(f"HVD drafter settings {named}: {e}") from None
 
     def to_env(self) -> dict[str, str]:
