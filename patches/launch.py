@@ -2,7 +2,7 @@
 
 Reached through the thin door ``sglang_hvd/launch_server.py`` (the entry point
 ``sglang_hvd.launchers: launch_server``). Takes SGLang's own arguments plus ``--hvd-*``
-flags. The HVD flags become environment variables (sglang_hvd/serving/config.py lists
+flags. The HVD flags become environment variables (sglang_hvd/serving/config.py declares
 them) so SGLang's spawned scheduler processes see them; the gate, the drafter settings,
 the verify shape and the server arguments are checked before any model is loaded, and a
 problem exits with one line naming it (exit code 2).
@@ -14,8 +14,10 @@ import argparse
 import os
 import sys
 
+from sglang_hvd.drafter.protocol import RESOURCE_BOUNDS
 from sglang_hvd.errors import HvdInputError
-from sglang_hvd.serving.config import HVDServingConfig
+from sglang_hvd.serving.config import DRAFTER_OPTIONS, OPTIONS, SERVING_OPTIONS, HVDServingConfig
+from sglang_hvd.serving.options import add_flags, values_from_flags
 
 EXAMPLE = ("python -m sglang_hvd.launch_server --model-path Qwen/Qwen3-8B --speculative-algorithm EAGLE3 "
            "--speculative-draft-model-path EAGLE3_DIR --speculative-eagle-topk 4 --speculative-num-steps 3 "
@@ -34,47 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    g = p.add_argument_group("HVD (each flag sets the SGLANG_HVD_* variable in parentheses)")
+    g = p.add_argument_group("HVD (each flag sets the SGLANG_HVD_* variable in parentheses; "
+                             "sglang_hvd/serving/config.py declares them)")
     g.add_argument("-h", "--help", action="store_true", help="show this help and SGLang's own arguments")
-    g.add_argument("--hvd-gate", metavar="GATE_DIR", help="gate directory from `hvd train` (SGLANG_HVD_GATE); required")
-    g.add_argument("--hvd-threshold", type=float, metavar="T",
-                   help="verify the cache draft when the predicted accept length > T (SGLANG_HVD_THRESHOLD; default: the gate's)")
-    g.add_argument("--hvd-score-rule", type=float, metavar="C",
-                   help="decide by the score rule instead of the gate's prediction: a cache row when the cache draft's "
-                        "score (sum of its token probabilities) is >= C; the gate still sets the drafter settings, verify "
-                        "shape and EAGLE3 reserve; its gate.json rule_threshold is the best C found in training "
-                        "(SGLANG_HVD_SCORE_RULE; an A/B baseline)")
-    g.add_argument("--hvd-eagle-reserve", type=int, metavar="M",
-                   help="EAGLE3 draft nodes kept beside a cache draft in a tree row (SGLANG_HVD_EAGLE_RESERVE; default: the gate's)")
-    g.add_argument("--hvd-cache-siblings", type=int, metavar="S",
-                   help="tree-draft nodes a cache row may add beside its chain, from EAGLE3's share (topk > 1; "
-                        "SGLANG_HVD_CACHE_SIBLINGS; default: the gate's)")
-    g.add_argument("--hvd-drafter", choices=("native", "python"),
-                   help="cache drafter implementation (SGLANG_HVD_DRAFTER; default: native when built)")
-    g.add_argument("--hvd-global-max-tokens", type=int, metavar="N",
-                   help="token budget of the cache of earlier responses (SGLANG_HVD_GLOBAL_MAX_TOKENS; default: the gate's). "
-                        "The settings that shape drafts (depth, draft length, factor, probability floor) are the gate's: "
-                        "a SGLANG_HVD_* value other than the gate's is refused")
-    g.add_argument("--hvd-record-traces", metavar="PATH",
-                   help="append token traces of served requests to PATH, off the decode path (SGLANG_HVD_RECORD_TRACES)")
-    g.add_argument("--hvd-record-queue", type=int, default=4096, metavar="N",
-                   help="records queued before new ones are dropped, counted (SGLANG_HVD_RECORD_QUEUE; default: %(default)s)")
-    g.add_argument("--hvd-allow-sglang-version", metavar="VERSION",
-                   help="run on this sglang version although it is not the tested one (SGLANG_HVD_ALLOW_SGLANG_VERSION)")
-    g.add_argument("--hvd-disable", action="store_true", help="serve without HVD (plain SGLang), e.g. for an A/B run")
+    add_flags(g, SERVING_OPTIONS)
+    bounds = ", ".join(opt.flag for opt in DRAFTER_OPTIONS if opt.name in RESOURCE_BOUNDS)
+    d = p.add_argument_group(f"HVD cache drafter (the gate's settings; only the resource bounds {bounds} "
+                             "may differ from the gate's)")
+    add_flags(d, DRAFTER_OPTIONS)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> HVDServingConfig:
-    overrides = tuple((name, getattr(args, f"hvd_{name}")) for name in
-                      ("global_max_tokens",)
-                      if getattr(args, f"hvd_{name}") is not None)
-    return HVDServingConfig(
-        enable=not args.hvd_disable, gate=args.hvd_gate, threshold=args.hvd_threshold, score_rule=args.hvd_score_rule,
-        eagle_reserve=args.hvd_eagle_reserve, cache_siblings=args.hvd_cache_siblings, drafter=args.hvd_drafter,
-        drafter_overrides=overrides, record_traces=args.hvd_record_traces, record_queue=args.hvd_record_queue,
-        allow_sglang_version=args.hvd_allow_sglang_version,
-    )
+    return HVDServingConfig(**values_from_flags(args, OPTIONS))
 
 
 def check_tokenizer(gate, tokenizer_dir: str | None) -> None:
