@@ -26,8 +26,14 @@ import numpy as np
 # table.py is numpy only: the harness reads it as a subpackage; the servers load the same
 # file as the top-level package hvd_trace_oracle (stubs/ on their sys.path).
 from .stubs.hvd_trace_oracle import table as T
-from .stubs.hvd_trace_oracle.table import (LOGIT_OFF, RANK_LOGITS, WRONG_TOKEN_SPAN, BuildReport, DraftErrorModel,
-                                           OracleTable)
+from .stubs.hvd_trace_oracle.table import (
+    LOGIT_OFF,
+    RANK_LOGITS,
+    WRONG_TOKEN_SPAN,
+    BuildReport,
+    DraftErrorModel,
+    OracleTable,
+)
 from .tiny_models import VOCAB_SIZE, _copy_tokenizer, draft_config, target_config
 
 ORACLE_ENV = {"SGLANG_EXTERNAL_MODEL_PACKAGE": "hvd_trace_oracle"}

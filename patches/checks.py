@@ -6,8 +6,7 @@ from importlib import metadata
 
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.serving.config import PREFIX, TESTED_SGLANG_VERSION, HVDServingConfig
-from sglang_hvd.verify import MAX_TREE_NODES
-from sglang_hvd.verify import VerifyShape
+from sglang_hvd.verify import MAX_TREE_NODES, VerifyShape
 
 SHAPE_FLAGS = (("speculative_eagle_topk", "--speculative-eagle-topk"), ("speculative_num_steps", "--speculative-num-steps"),
                ("speculative_num_draft_tokens", "--speculative-num-draft-tokens"))

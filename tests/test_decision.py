@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_hvd.drafter import DrafterConfig
 from sglang_hvd.decision import DecisionRule, decide, plan_rows
+from sglang_hvd.drafter import DrafterConfig
 from sglang_hvd.drafter.batch import DraftBatch
 from sglang_hvd.drafter.protocol import Draft
 from sglang_hvd.features import FeatureExtractor

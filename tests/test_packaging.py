@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+
 import tomllib
 
 from conftest import REPO

@@ -24,13 +24,12 @@ import time
 import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, available_drafters, create_drafter
-from sglang_hvd.verify import VerifyModel
-from sglang_hvd.verify import Eagle3Curve, VerifyShape
 from sglang_hvd.replay.engine import accept_len
 from sglang_hvd.replay.policies import BASELINES, PolicyOptions, make_policies
 from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.report import format_table
 from sglang_hvd.trace import iter_traces
+from sglang_hvd.verify import Eagle3Curve, VerifyModel, VerifyShape
 
 
 def dense_walk(records, drafter):

@@ -24,8 +24,8 @@ from sglang_hvd.drafter.batch import DraftBatch, RowTreeBatch
 from sglang_hvd.drafter.native_drafter import default_drafter_name
 from sglang_hvd.drafter.row_tree import EMPTY_ROW, speculate_row
 from sglang_hvd.gate import Gate
-from sglang_hvd.request_state import RequestHistory, RequestState, StateBatch
 from sglang_hvd.replay.engine import iter_dense
+from sglang_hvd.request_state import RequestHistory, RequestState, StateBatch
 from sglang_hvd.trace import iter_traces
 
 

@@ -21,8 +21,8 @@ import sys
 import time
 
 import numpy as np
-
 from bench_periodic import print_series  # this folder (a script's own folder is its first import path)
+
 from sglang_hvd.drafter import DrafterConfig, create_drafter
 
 

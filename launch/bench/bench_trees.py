@@ -28,8 +28,8 @@ import time
 import numpy as np
 
 from sglang_hvd.drafter import DrafterConfig, create_drafter
-from sglang_hvd.errors import HvdInputError
 from sglang_hvd.drafter.row_tree import row_path, speculate_row
+from sglang_hvd.errors import HvdInputError
 from sglang_hvd.replay.engine import accept_len
 from sglang_hvd.report import format_table
 from sglang_hvd.trace import iter_traces

@@ -23,10 +23,8 @@ global cache, so its cache drafts are right: accept lengths near the maximum.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
-import sys
 
 import pytest
 
@@ -34,6 +32,7 @@ pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang ex
 
 from sglang_hvd.harness import server as harness  # noqa: E402
 from sglang_hvd.harness.faults import faulty_gate  # noqa: E402
+
 from . import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]

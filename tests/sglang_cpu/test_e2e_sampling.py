@@ -38,6 +38,7 @@ stats = pytest.importorskip("scipy.stats", reason="the chi-square tests need sci
 
 from sglang_hvd.harness import server as harness  # noqa: E402
 from sglang_hvd.harness.tiny_models import CYCLE_TOKENS  # noqa: E402
+
 from . import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]

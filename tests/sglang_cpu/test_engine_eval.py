@@ -17,6 +17,7 @@ pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang ex
 
 from sglang_hvd.harness import server as harness  # noqa: E402
 from sglang_hvd.harness.tiny_models import qwen_tokenizer_dir  # noqa: E402
+
 from . import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 
 from sglang_hvd.harness import server as harness  # noqa: E402
+
 from . import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]

@@ -7,15 +7,14 @@ oracle reads)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 
+from sglang_hvd.harness.stubs.hvd_trace_oracle import table as T  # noqa: E402
 from sglang_hvd.patches.rows import FULL_MASK, QLEN_ONLY, rewrite_tree_rows  # noqa: E402
 
-from sglang_hvd.harness.stubs.hvd_trace_oracle import table as T  # noqa: E402
-from .test_tree_rows import N, SEQ_LENS, build, plans  # noqa: E402
+from .test_tree_rows import SEQ_LENS, N, build, plans  # noqa: E402
 
 
 def paths_from_links(next_token: list[int], next_sibling: list[int]) -> dict[int, list[int]]:

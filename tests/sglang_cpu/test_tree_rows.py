@@ -18,10 +18,17 @@ torch = pytest.importorskip("torch")
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode  # noqa: E402
 from sglang.srt.speculative.eagle_info import EagleVerifyInput  # noqa: E402
 
-from sglang_hvd.patches.rows import (QLEN_ONLY, FULL_MASK, WideEagleVerifyInput, cache_topology,  # noqa: E402
-                                     pack_plans, rewrite_tree_rows, widen)
-
 from sglang_hvd.harness.stubs.hvd_cpu_shims import kernels as K  # noqa: E402
+from sglang_hvd.patches.rows import (  # noqa: E402
+    FULL_MASK,
+    QLEN_ONLY,
+    WideEagleVerifyInput,
+    cache_topology,
+    pack_plans,
+    rewrite_tree_rows,
+    widen,
+)
+
 from .triton_reference import _grow_tree  # noqa: E402
 
 TOPK, STEPS, N = 2, 3, 8

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
-
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from torch import nn
 
 from .table import HASH_FLOATS, LOGIT_OFF, RANK_LOGITS, WRONG_TOKEN_SPAN, DraftErrorModel, OracleTable, decode, roll
 from .target import NoWeights, hidden_rows

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
-
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+from torch import nn
 
-from .table import HASH_FLOATS, LOGIT_OFF, LOGIT_ON, SEED, OracleTable, chain, decode, draft_blocks, encode, roll, row_hashes
-
+from .table import (
+    HASH_FLOATS,
+    LOGIT_OFF,
+    LOGIT_ON,
+    SEED,
+    OracleTable,
+    chain,
+    decode,
+    draft_blocks,
+    encode,
+    roll,
+    row_hashes,
+)
 
 
 def one_hot_logits(tokens: np.ndarray, vocab: int) -> torch.Tensor:
