@@ -112,7 +112,8 @@ def install() -> None:
         sys.path.insert(0, STUBS_DIR)
     stale = sys.modules.get("sgl_kernel")
     if stale is not None and not getattr(stale, "HVD_CPU_TEST_STUB", False):
-        raise RuntimeError("hvd_cpu_shims.install(): the real sgl_kernel was imported before the stub could be installed")
+        raise RuntimeError("hvd_cpu_shims.install(): the real sgl_kernel was imported "
+                           "before the stub could be installed")
     names = list(_patched_modules())
     for name in names:
         if name in sys.modules:  # imported before us (not the sitecustomize path)

@@ -55,7 +55,8 @@ def _verify_mask_rows(custom_mask, bs: int, n: int, seq_lens: list[int]):
             rows.append(block[:, s:])
             start += (s + n) * n
         return rows
-    raise ValueError(f"hvd_cpu_shims: verify custom_mask has {flat.numel()} entries; expected {bs * n * n} (QLEN_ONLY) or {full} (FULL_MASK)")
+    raise ValueError(f"hvd_cpu_shims: verify custom_mask has {flat.numel()} entries; "
+                     f"expected {bs * n * n} (QLEN_ONLY) or {full} (FULL_MASK)")
 
 
 def target_verify_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
@@ -68,7 +69,8 @@ def target_verify_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True
     else:
         o = torch.empty_like(q)
     if save_kv_cache and k is not None and v is not None:
-        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v)
+        self.token_to_kv_pool.set_kv_buffer(
+            layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v)
 
     spec_info = forward_batch.spec_info
     if spec_info is None:
@@ -144,9 +146,11 @@ def classes():
             else:
                 o = torch.empty_like(q)
             if save_kv_cache and k is not None and v is not None:
-                self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v)
+                self.token_to_kv_pool.set_kv_buffer(
+                    layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v)
             if q.shape[0] != seq_lens.shape[0]:
-                raise RuntimeError(f"hvd_cpu_shims: draft decode step got {q.shape[0]} queries for {seq_lens.shape[0]} branches")
+                raise RuntimeError(f"hvd_cpu_shims: draft decode step got {q.shape[0]} queries "
+                                   f"for {seq_lens.shape[0]} branches")
             self._run_sdpa_forward_decode(
                 q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
                 o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
@@ -171,11 +175,13 @@ def classes():
         def __init__(self, model_runner, topk: int, speculative_num_steps: int):
             page_size = getattr(model_runner, "page_size", 1) or 1
             if page_size != 1:
-                raise NotImplementedError(f"hvd_cpu_shims: the torch_native draft-decode backend lays out draft slots for page size 1, not {page_size}")
+                raise NotImplementedError("hvd_cpu_shims: the torch_native draft-decode backend lays out draft slots "
+                                          f"for page size 1, not {page_size}")
             self.topk = int(topk)
             self.speculative_num_steps = int(speculative_num_steps)
             self.device = model_runner.device
-            self.attn_backends = [TorchNativeDraftStepBackend(model_runner) for _ in range(self.speculative_num_steps - 1)]
+            self.attn_backends = [TorchNativeDraftStepBackend(model_runner)
+                                  for _ in range(self.speculative_num_steps - 1)]
 
         def init_forward_metadata(self, forward_batch) -> None:
             table, seq_lens, rows = draft_decode_table(

@@ -25,13 +25,15 @@ SIGNATURES: dict[tuple[str, str], list[str]] = {
         "self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"],
     ("sglang.srt.layers.attention.torch_native_backend", "TorchNativeAttnBackend.forward_decode"): [
         "self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"],
-    ("sglang.srt.layers.attention.torch_native_backend", "TorchNativeAttnBackend.init_forward_metadata"): ["self", "forward_batch"],
+    ("sglang.srt.layers.attention.torch_native_backend", "TorchNativeAttnBackend.init_forward_metadata"): [
+        "self", "forward_batch"],
     ("sglang.srt.layers.attention.torch_native_backend", "TorchNativeAttnBackend._run_sdpa_forward_decode"): [
         "self", "query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens",
         "encoder_lens", "scaling", "enable_gqa", "causal", "is_cross_attn", "sliding_window_size"],
     # patched by attention.patch_draft_backend_factory
     ("sglang.srt.speculative.draft_utils", "DraftBackendFactory.__init__"): [
-        "self", "draft_model_runner", "topk", "speculative_num_steps", "seed_dsa_topk_from_draft_extend", "qsa_profile"],
+        "self", "draft_model_runner", "topk", "speculative_num_steps", "seed_dsa_topk_from_draft_extend",
+        "qsa_profile"],
     ("sglang.srt.speculative.draft_utils", "DraftBackendFactory._create_backend"): [
         "self", "backend_name", "backend_map", "error_template", "stamps_children"],
     # the wrappers that call the kernel ports (argument order into the ports)
@@ -69,23 +71,31 @@ SIGNATURES: dict[tuple[str, str], list[str]] = {
 # (module, text) that must appear in the module's source: the CPU-path imports of the
 # ported kernels and the facts the patches lean on.
 SOURCE_FACTS: list[tuple[str, str]] = [
-    ("sglang.kernels.ops.speculative.spec_tree", "build_tree_kernel_efficient_cpu as sgl_build_tree_kernel_efficient_cpu"),
-    ("sglang.kernels.ops.speculative.spec_tree", "from sgl_kernel import verify_tree_greedy_cpu as sgl_verify_tree_greedy_cpu"),
+    ("sglang.kernels.ops.speculative.spec_tree",
+     "build_tree_kernel_efficient_cpu as sgl_build_tree_kernel_efficient_cpu"),
+    ("sglang.kernels.ops.speculative.spec_tree",
+     "from sgl_kernel import verify_tree_greedy_cpu as sgl_verify_tree_greedy_cpu"),
     ("sglang.kernels.ops.speculative.spec_tree", "retrive_next_sibling=retrieve_next_sibling"),
     ("sglang.kernels.ops.speculative.cache_locs", "assign_draft_cache_locs_contiguous_cpu,"),
     ("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs_cpu,"),
     ("sglang.srt.mem_cache.allocation", "from sgl_kernel import assign_req_to_token_pool_cpu"),
-    ("sglang.kernels.ops.speculative.eagle", "from sgl_kernel import fill_accept_out_cache_loc_cpu, fill_bonus_tokens_cpu"),
+    ("sglang.kernels.ops.speculative.eagle",
+     "from sgl_kernel import fill_accept_out_cache_loc_cpu, fill_bonus_tokens_cpu"),
     ("sglang.kernels.ops.kvcache.cache_move", "from sgl_kernel import copy_all_layer_kv_cache_cpu"),
     # the CPU verify builds a QLEN_ONLY tree mask (attention.target_verify_extend reads it)
     ("sglang.srt.speculative.eagle_utils", "return TreeMaskMode.QLEN_ONLY if _is_cpu else TreeMaskMode.FULL_MASK"),
     # only the multi-step draft-decode backend is created with stamps_children=True
-    ("sglang.srt.speculative.draft_utils", '"EAGLE is not supported in decode attention backend {backend_type}",\n            stamps_children=True,'),
+    ("sglang.srt.speculative.draft_utils",
+     '"EAGLE is not supported in decode attention backend {backend_type}",\n'
+     '            stamps_children=True,'),
     ("sglang.srt.speculative.draft_utils", '"intel_amx": self._create_intel_amx_decode_backend,'),
     # the draft-decode out_cache_loc layout the multi-step backend mirrors: [bs, topk, steps]
     ("sglang.srt.speculative.eagle_utils", "out_cache_loc.view(batch_size, topk, num_steps)"),
     # the sampling verify names sampling.patch_eagle_utils rebinds, read as globals at call time
-    ("sglang.srt.speculative.eagle_utils", "    if _verify_uses_greedy(\n        is_all_greedy=sampling_info.is_all_greedy,\n        is_cpu=_is_cpu,"),
+    ("sglang.srt.speculative.eagle_utils",
+     "    if _verify_uses_greedy(\n"
+     "        is_all_greedy=sampling_info.is_all_greedy,\n"
+     "        is_cpu=_is_cpu,"),
     ("sglang.srt.speculative.eagle_utils", "            sampling_fn = tree_speculative_sampling_target_only\n"),
     ("sglang.srt.speculative.eagle_utils", "            target_probs = top_k_renorm_prob(\n"),
     ("sglang.srt.speculative.eagle_utils", "            target_probs = top_p_renorm_prob(\n"),
@@ -115,9 +125,11 @@ VERIFY_INPUT_FIELDS = ["draft_token_num", "custom_mask"]
 
 # The module-level names each wrapper module binds to a port when SGLANG_USE_CPU_ENGINE=1.
 CPU_BINDINGS: list[tuple[str, str, str]] = [
-    ("sglang.kernels.ops.speculative.spec_tree", "sgl_build_tree_kernel_efficient_cpu", "build_tree_kernel_efficient_cpu"),
+    ("sglang.kernels.ops.speculative.spec_tree", "sgl_build_tree_kernel_efficient_cpu",
+     "build_tree_kernel_efficient_cpu"),
     ("sglang.kernels.ops.speculative.spec_tree", "sgl_verify_tree_greedy_cpu", "verify_tree_greedy_cpu"),
-    ("sglang.kernels.ops.speculative.cache_locs", "assign_draft_cache_locs_contiguous_cpu", "assign_draft_cache_locs_contiguous_cpu"),
+    ("sglang.kernels.ops.speculative.cache_locs", "assign_draft_cache_locs_contiguous_cpu",
+     "assign_draft_cache_locs_contiguous_cpu"),
     ("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs_cpu", "assign_extend_cache_locs_cpu"),
     ("sglang.srt.mem_cache.allocation", "assign_req_to_token_pool_cpu", "assign_req_to_token_pool_cpu"),
     ("sglang.kernels.ops.speculative.eagle", "fill_bonus_tokens_cpu", "fill_bonus_tokens_cpu"),
@@ -182,7 +194,8 @@ def check_module(name: str, module) -> None:
     """Raise ShimContractError listing what changed in ``module`` (a just-imported one)."""
     problems = _module_problems(name, module)
     if problems:
-        raise ShimContractError("the CPU harness shims (sglang_hvd.harness) do not fit this SGLang:\n  " + "\n  ".join(problems))
+        raise ShimContractError("the CPU harness shims (sglang_hvd.harness) do not fit this SGLang:\n  "
+                                + "\n  ".join(problems))
 
 
 def check_all(cpu_bindings: bool = False) -> list[str]:
@@ -261,9 +274,12 @@ def probe_cpu_engine() -> list[str]:
     ret = outs[1][2]
     cand, target = torch.tensor([[9, 1, 2, 3, 5, 7]]), torch.tensor([[2, 0, 5, 0, 8, 0]])
     outs = []
-    for call in (lambda p, a, n: spec_tree.verify_tree_greedy_func(p, a, n, cand, ret[0], ret[1], ret[2], target, topk=2),
+    for call in (lambda p, a, n: spec_tree.verify_tree_greedy_func(p, a, n, cand, ret[0], ret[1], ret[2], target,
+                                                                   topk=2),
                  lambda p, a, n: K.verify_tree_greedy_cpu(p, a, n, cand, ret[0], ret[1], ret[2], target)):
-        p, a, n = torch.zeros(6, dtype=torch.int32), torch.full((1, 4), -1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        p = torch.zeros(6, dtype=torch.int32)
+        a = torch.full((1, 4), -1, dtype=torch.int32)
+        n = torch.zeros(1, dtype=torch.int32)
         call(p, a, n)
         outs.append((p, a, n))
     same("verify_tree_greedy_func", *outs)
@@ -298,6 +314,7 @@ def probe_cpu_engine() -> list[str]:
     buf = torch.arange(24, dtype=torch.float32).view(6, 4)
     ptrs, strides = torch.tensor([buf.data_ptr()], dtype=torch.uint64), torch.tensor([16])
     cache_move.copy_all_layer_kv_cache_func(ptrs, strides, torch.tensor([4, 5, 0]), torch.tensor([1, 2, 0]), 2, 2, {})
-    if buf[4].tolist() != [4.0, 5.0, 6.0, 7.0] or buf[5].tolist() != [8.0, 9.0, 10.0, 11.0] or buf[0].tolist() != [0.0, 1.0, 2.0, 3.0]:
+    if (buf[4].tolist() != [4.0, 5.0, 6.0, 7.0] or buf[5].tolist() != [8.0, 9.0, 10.0, 11.0]
+            or buf[0].tolist() != [0.0, 1.0, 2.0, 3.0]):
         problems.append(f"copy_all_layer_kv_cache_func moved the wrong rows: {buf.tolist()}")
     return problems

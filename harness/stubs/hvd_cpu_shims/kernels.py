@@ -81,7 +81,8 @@ def build_tree_kernel_efficient_cpu(
     """
     mode = int(tree_mask_mode)
     if mode not in (FULL_MASK, QLEN_ONLY):
-        raise NotImplementedError(f"build_tree_kernel_efficient_cpu port: tree_mask_mode={mode} (only FULL_MASK=0 and QLEN_ONLY=1)")
+        raise NotImplementedError(f"build_tree_kernel_efficient_cpu port: tree_mask_mode={mode} "
+                                  "(only FULL_MASK=0 and QLEN_ONLY=1)")
     n = int(draft_token_num)
     topk = int(topk)
     depth = int(depth)

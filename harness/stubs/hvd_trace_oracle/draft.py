@@ -40,14 +40,16 @@ class HvdTraceOracleEagle3(NoWeights, nn.Module):
         mode = forward_batch.forward_mode
         hs = forward_batch.spec_info.hidden_states
         if mode.is_idle() or hs is None or not len(input_ids):
-            return LogitsProcessorOutput(next_token_logits=torch.zeros(0, self.vocab), hidden_states=torch.zeros(0, self.hidden))
+            return LogitsProcessorOutput(next_token_logits=torch.zeros(0, self.vocab),
+                                         hidden_states=torch.zeros(0, self.hidden))
         h_in = hs.detach().to("cpu").numpy()
         parent = decode(h_in[:, :HASH_FLOATS])
         # the target writes depth 0 there, the draft its own step's depth
         depth = np.rint(h_in[:, HASH_FLOATS]).astype(np.int64) + 1
         hashes = roll(parent, input_ids.detach().to("cpu").numpy().astype(np.int64))
         if mode.is_extend():  # EXTEND (after a prefill); not DRAFT_EXTEND_V2 (after a verify) nor DECODE
-            rows = np.cumsum(list(forward_batch.extend_seq_lens_cpu)) - 1  # LogitsProcessor keeps each request's last row
+            # LogitsProcessor keeps each request's last row
+            rows = np.cumsum(list(forward_batch.extend_seq_lens_cpu)) - 1
         else:
             rows = np.arange(len(hashes))
         props = self.errors.proposals(self.table, hashes[rows], depth[rows], WRONG_TOKEN_SPAN)
@@ -58,7 +60,8 @@ class HvdTraceOracleEagle3(NoWeights, nn.Module):
         capture = forward_batch.capture_hidden_mode
         full = capture is not None and capture.is_full()
         hidden = hidden_rows(hashes if full else hashes[rows], self.hidden, depth if full else depth[rows])
-        return LogitsProcessorOutput(next_token_logits=logits.to(input_ids.device), hidden_states=hidden.to(input_ids.device))
+        return LogitsProcessorOutput(next_token_logits=logits.to(input_ids.device),
+                                     hidden_states=hidden.to(input_ids.device))
 
 
 EntryClass = HvdTraceOracleEagle3

@@ -41,7 +41,8 @@ class _Powers:
         if n >= len(self.pw):
             size = max(n + 1, 2 * len(self.pw))
             with np.errstate(over="ignore"):
-                self.pw = np.cumprod(np.concatenate([[np.uint64(1)], np.full(size - 1, B, dtype=np.uint64)]), dtype=np.uint64)
+                self.pw = np.cumprod(np.concatenate([[np.uint64(1)], np.full(size - 1, B, dtype=np.uint64)]),
+                                     dtype=np.uint64)
                 self.ipw = np.cumprod(np.concatenate([[np.uint64(1)], np.full(size - 1, B_INV, dtype=np.uint64)]),
                                       dtype=np.uint64)
         return self.pw[: n + 1], self.ipw[: n + 1]

@@ -53,7 +53,8 @@ class HvdTraceOracleForCausalLM(NoWeights, nn.Module):
         self.config = config
         settings = getattr(config, "hvd_trace_oracle", None) or {}
         if "table" not in settings:
-            raise ValueError("HvdTraceOracleForCausalLM needs config.hvd_trace_oracle.table (sglang_hvd.harness.trace_oracle)")
+            raise ValueError("HvdTraceOracleForCausalLM needs config.hvd_trace_oracle.table "
+                             "(sglang_hvd.harness.trace_oracle)")
         self.table = OracleTable.load(settings["table"])
         self.vocab = int(config.vocab_size)
         self.hidden = int(config.hidden_size)
@@ -114,12 +115,14 @@ class HvdTraceOracleForCausalLM(NoWeights, nn.Module):
             start = 0
             for b, length in enumerate(lens):
                 if length:
-                    hashes[start:start + length] = chain(parent_hash(int(reqs[b]), int(pos[start])), ids[start:start + length])
+                    hashes[start:start + length] = chain(parent_hash(int(reqs[b]), int(pos[start])),
+                                                         ids[start:start + length])
                 start += length
             rows = np.cumsum(lens) - 1
         else:
             raise NotImplementedError(f"the trace oracle does not run forward mode {mode!r}")
-        kbuf[forward_batch.out_cache_loc.to(kbuf.device), 0, :HASH_FLOATS] = torch.from_numpy(encode(hashes)).to(kbuf.device)
+        kbuf[forward_batch.out_cache_loc.to(kbuf.device), 0, :HASH_FLOATS] = (
+            torch.from_numpy(encode(hashes)).to(kbuf.device))
         logits = one_hot_logits(self.table.next_tokens(hashes[rows]), self.vocab)
         capture = forward_batch.capture_hidden_mode
         hidden = None
