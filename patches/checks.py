@@ -8,7 +8,8 @@ from sglang_hvd.errors import HvdInputError
 from sglang_hvd.serving.config import PREFIX, TESTED_SGLANG_VERSION, HVDServingConfig
 from sglang_hvd.verify import MAX_TREE_NODES, VerifyShape
 
-SHAPE_FLAGS = (("speculative_eagle_topk", "--speculative-eagle-topk"), ("speculative_num_steps", "--speculative-num-steps"),
+SHAPE_FLAGS = (("speculative_eagle_topk", "--speculative-eagle-topk"),
+               ("speculative_num_steps", "--speculative-num-steps"),
                ("speculative_num_draft_tokens", "--speculative-num-draft-tokens"))
 # Attention backends whose target verify cannot take a tree (SGLang refuses topk > 1 there).
 CHAIN_ONLY_BACKENDS = ("trtllm_mha",)
@@ -22,7 +23,8 @@ def check_sglang_version(config: HVDServingConfig) -> str:
     found = metadata.version("sglang")
     if found != TESTED_SGLANG_VERSION and config.allow_sglang_version != found:
         raise UnsupportedSetup(
-            f"sglang-hvd is tested with sglang {TESTED_SGLANG_VERSION}, found {found}. HVD patches SGLang's EAGLE3 worker, "
+            f"sglang-hvd is tested with sglang {TESTED_SGLANG_VERSION}, found {found}. "
+            "HVD patches SGLang's EAGLE3 worker, "
             f"whose internals change between releases. Install sglang=={TESTED_SGLANG_VERSION}, or run anyway with "
             f"--hvd-allow-sglang-version {found} ({PREFIX}ALLOW_SGLANG_VERSION={found})."
         )
@@ -33,7 +35,8 @@ def check_server_args(server_args) -> None:
     """Refuse setups the HVD worker does not handle (yet), naming the flag to change."""
     algo = str(getattr(server_args, "speculative_algorithm", None) or "")
     if algo.upper() != "EAGLE3":
-        raise UnsupportedSetup(f"HVD runs on the EAGLE3 verify path: pass --speculative-algorithm EAGLE3 (got {algo or 'none'})")
+        raise UnsupportedSetup("HVD runs on the EAGLE3 verify path: pass --speculative-algorithm EAGLE3 "
+                               f"(got {algo or 'none'})")
     topk = getattr(server_args, "speculative_eagle_topk", None) or 1
     if topk > 1:
         for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
@@ -48,15 +51,18 @@ def check_server_args(server_args) -> None:
                                    f"{MAX_TREE_NODES} draft nodes (one 64-bit ancestor mask per node); use at most "
                                    f"{MAX_TREE_NODES + 1}")
     if getattr(server_args, "pp_size", 1) != 1:
-        raise UnsupportedSetup(f"HVD does not support pipeline parallelism yet (--pp-size {server_args.pp_size}); use --pp-size 1")
+        raise UnsupportedSetup(f"HVD does not support pipeline parallelism yet (--pp-size {server_args.pp_size}); "
+                               "use --pp-size 1")
     if not getattr(server_args, "disable_overlap_schedule", False):
-        raise UnsupportedSetup("HVD needs every step's accepted tokens before the next draft: pass --disable-overlap-schedule "
+        raise UnsupportedSetup("HVD needs every step's accepted tokens before the next draft: "
+                               "pass --disable-overlap-schedule "
                                "(the overlap scheduler is not handled yet)")
     if getattr(server_args, "speculative_use_rejection_sampling", False):
         raise UnsupportedSetup("HVD replaces draft rows but not their draft probabilities: drop "
                                "--speculative-use-rejection-sampling")
     if getattr(server_args, "speculative_adaptive", False):
-        raise UnsupportedSetup("HVD's gate is trained for one verify shape, but --speculative-adaptive changes the steps and "
+        raise UnsupportedSetup("HVD's gate is trained for one verify shape, "
+                               "but --speculative-adaptive changes the steps and "
                                "draft tokens at run time: drop --speculative-adaptive")
     if getattr(server_args, "enable_multi_layer_eagle", False):
         raise UnsupportedSetup("HVD patches the single-layer EAGLE3 worker: drop --enable-multi-layer-eagle")

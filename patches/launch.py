@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
             "its verify row holds EAGLE3's draft, a cache draft (suffix trees over the prompt, the output and earlier "
             "responses) or both as two branches. All SGLang arguments work as usual; HVD needs "
             "--speculative-algorithm EAGLE3 --disable-overlap-schedule and the verify shape the gate was trained for "
-            "(--speculative-eagle-topk / --speculative-num-steps / --speculative-num-draft-tokens). Example:\n  " + EXAMPLE
+            "(--speculative-eagle-topk / --speculative-num-steps / --speculative-num-draft-tokens). "
+            "Example:\n  " + EXAMPLE
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -92,11 +93,13 @@ def validate(config: HVDServingConfig, server_args) -> None:
         from sglang_hvd.drafter import available_drafters
 
         if config.drafter not in available_drafters():
-            raise HvdInputError(f"--hvd-drafter {config.drafter}: not built here (available: {', '.join(available_drafters())})")
+            raise HvdInputError(f"--hvd-drafter {config.drafter}: not built here "
+                                f"(available: {', '.join(available_drafters())})")
     if config.record_traces:
         folder = os.path.dirname(os.path.abspath(config.record_traces))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise HvdInputError(f"--hvd-record-traces {config.record_traces}: folder {folder} is missing or not writable")
+            raise HvdInputError(f"--hvd-record-traces {config.record_traces}: "
+                                f"folder {folder} is missing or not writable")
 
 
 def parse_server_args(argv: list[str]):
@@ -133,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import sglang  # noqa: F401
     except ImportError:
-        print("sglang_hvd.launch_server: error: needs the sglang extra: pip install 'sglang-hvd[sglang]'", file=sys.stderr)
+        print("sglang_hvd.launch_server: error: needs the sglang extra: pip install 'sglang-hvd[sglang]'",
+              file=sys.stderr)
         return 2
     if args.help:
         parser.print_help()

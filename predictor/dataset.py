@@ -101,7 +101,8 @@ def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_con
     if rows not in ROW_MODES:
         raise ValueError(f"rows must be one of {ROW_MODES}, got {rows!r}")
     if siblings and rows != "serving":
-        raise ValueError("dense rows are labelled with the chain's payoff only: with --rows dense pass --cache-siblings 0 "
+        raise ValueError("dense rows are labelled with the chain's payoff only: "
+                         "with --rows dense pass --cache-siblings 0 "
                          "(or use --rows serving, whose labels are the row tree's payoff)")
     extractor = FeatureExtractor(token_flags, drafter_config)
     drafter = create_drafter(drafter_name, drafter_config)

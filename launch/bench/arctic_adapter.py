@@ -25,7 +25,8 @@ class ArcticDrafter:
         self.ctx: dict[str, list[int]] = {}
 
     def start_request(self, req_id, prompt_ids):
-        self.cache.start_request(req_id, np.array(prompt_ids, dtype=np.int32))  # a writable copy: nanobind refuses read-only arrays
+        # a writable copy: nanobind refuses read-only arrays
+        self.cache.start_request(req_id, np.array(prompt_ids, dtype=np.int32))
         self.ctx[req_id] = list(map(int, prompt_ids))
 
     def append(self, req_id, token_ids):

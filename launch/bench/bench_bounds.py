@@ -1,6 +1,7 @@
 """What the drafter's work bounds change: drafts at every position, bounded against unbounded.
 
-    python launch/bench/bench_bounds.py dev.jsonl.gz [--max-scan 1024,2048,4096] [--max-occurrences 1024] [--sources S1,S2]
+    python launch/bench/bench_bounds.py dev.jsonl.gz [--max-scan 1024,2048,4096] [--max-occurrences 1024] \
+[--sources S1,S2]
 
 DrafterConfig.max_occurrences (K: a set is walked from its newest K occurrences) and
 max_scan (M: longer patterns are looked for among the newest M occurrences of the last two

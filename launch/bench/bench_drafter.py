@@ -125,12 +125,14 @@ def main(argv=None) -> int:
             s = serving(records, make(cfg))
             batch_us = batch_of(records, make, cfg)
             mem = d["memory"]
-            rows.append((f"{name} depth {depth}", d["speculate_med_us"], d["speculate_p99_us"], d["append_med_us"], d["append_p99_us"],
-                         batch_us, d["longest_prompt_index_ms"], mem.get("bytes_per_token", float("nan")), d["mean_accept_len"],
+            rows.append((f"{name} depth {depth}", d["speculate_med_us"], d["speculate_p99_us"],
+                         d["append_med_us"], d["append_p99_us"], batch_us, d["longest_prompt_index_ms"],
+                         mem.get("bytes_per_token", float("nan")), d["mean_accept_len"],
                          s["cache_only_cycles_per_1k"], d["dense_positions_per_s"], s["tokens_per_s"]))
             print(f"done: {name} depth {depth}", file=sys.stderr)
-    header = ("drafter", "spec med us", "spec p99 us", "append med us", "append p99 us", "batch of 32 us", "index longest prompt ms",
-              "bytes/cached tok", "mean accept", "cache_only cyc/1k", "dense replay pos/s", "serving replay tok/s")
+    header = ("drafter", "spec med us", "spec p99 us", "append med us", "append p99 us", "batch of 32 us",
+              "index longest prompt ms", "bytes/cached tok", "mean accept", "cache_only cyc/1k", "dense replay pos/s",
+              "serving replay tok/s")
     print(format_table(header, rows))
     return 0
 

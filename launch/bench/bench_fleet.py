@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--gate", required=True, metavar="GATE_DIR", help="a gate from `hvd train`")
     p.add_argument("--sources", metavar="S1,S2", help="only these sources (default: all)")
     p.add_argument("--concurrency", default="1,8", metavar="C1,C2", help="fleet concurrencies (default: %(default)s)")
-    p.add_argument("--cache-siblings", metavar="S1,S2", help="fleet runs with each cache siblings value (default: the gate's)")
+    p.add_argument("--cache-siblings", metavar="S1,S2",
+                   help="fleet runs with each cache siblings value (default: the gate's)")
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     a = p.parse_args(argv)
     try:
@@ -68,7 +69,8 @@ def main(argv=None) -> int:
             stepper = HVDStepper(create_drafter("native", gate.spec.drafter), gate, model.shape, rule=rule)
             t = time.perf_counter()
             fleet = serve_fleet(conversations_of(records), stepper, model, c)
-            rows.append((f"fleet x{c} (S {rule.cache_siblings})", fleet.overall.policy("hvd").to_json()["cycles_per_1k"],
+            rows.append((f"fleet x{c} (S {rule.cache_siblings})",
+                         fleet.overall.policy("hvd").to_json()["cycles_per_1k"],
                          time.perf_counter() - t, stepper.summary()["cpu_us_per_step"]))
     print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}")
     print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'stepper us/step':>15}")

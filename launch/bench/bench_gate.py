@@ -48,7 +48,8 @@ def main(argv=None) -> int:
         if r is not current:
             current, state = r, RequestState(r.prompt_ids)
         if step.draft.tokens:
-            row = speculate_row(drafter, r.req_id, n).head(int(described(len(step.draft), siblings, n))) if siblings else EMPTY_ROW
+            row = (speculate_row(drafter, r.req_id, n).head(int(described(len(step.draft), siblings, n)))
+                   if siblings else EMPTY_ROW)
             rows.append((step.draft, state.snapshot(), row))
         state.record(step.draft.tokens)
         state.observe([int(r.output_ids[step.pos])])
@@ -78,7 +79,8 @@ def main(argv=None) -> int:
         return f"median {np.median(a):7.1f} us, p99 {np.percentile(a, 99):7.1f} us"
 
     with_siblings = sum(len(row) > len(draft) for draft, _, row in rows)
-    print(f"{len(rows)} real rows ({with_siblings} with siblings); batch {args.batch}; onnxruntime on 1 intra-op thread")
+    print(f"{len(rows)} real rows ({with_siblings} with siblings); batch {args.batch}; "
+          "onnxruntime on 1 intra-op thread")
     print(f"features (extractor)      : {q(feat_us)}")
     print(f"history snapshots (x{args.batch})  : {q(history_us)}")
     print(f"gate inference (1 call)   : {q(infer_us)}")

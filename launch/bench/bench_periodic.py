@@ -60,7 +60,8 @@ def print_series(first_column: str, rows: dict[str, list[tuple[int, float]]], un
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=60, metavar="N", help="requests served in a row (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=60, metavar="N",
+                   help="requests served in a row (default: %(default)s)")
     p.add_argument("--drafters", default="native,python", metavar="D1,D2", help="drafters (default: %(default)s)")
     p.add_argument("--max-occurrences", default="1024", metavar="K1,K2",
                    help="DrafterConfig.max_occurrences values to compare (default: %(default)s)")

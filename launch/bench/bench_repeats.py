@@ -65,8 +65,10 @@ def step_costs_us(drafter_name: str, k: int, m: int, requests: int, every: int) 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=40000, metavar="N", help="requests served in a row (default: %(default)s)")
-    p.add_argument("--every", type=int, default=4000, metavar="N", help="report every N requests (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=40000, metavar="N",
+                   help="requests served in a row (default: %(default)s)")
+    p.add_argument("--every", type=int, default=4000, metavar="N",
+                   help="report every N requests (default: %(default)s)")
     p.add_argument("--limits", default="1024:4096,1000000000:1000000000", metavar="K:M,...",
                    help="max_occurrences:max_scan pairs to compare (default: %(default)s, the defaults and no bound)")
     p.add_argument("--drafter", default="native", choices=("native", "python"), help="(default: %(default)s)")

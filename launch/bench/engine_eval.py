@@ -427,7 +427,8 @@ def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_confi
     sequential replay (every request after the one before)."""
     records = [r for turns in convs for r in turns]
     if mode == "greedy":
-        result = simulate(records, create_drafter("native", drafter_config), [GreedyPolicy()], model, prefill_first=True)
+        result = simulate(records, create_drafter("native", drafter_config), [GreedyPolicy()], model,
+                          prefill_first=True)
         out = policy_figures(result, "greedy")
         return {"fleet": out, "sequential": out}
     if mode == "rule":

@@ -95,9 +95,12 @@ def rejection_rates(probs: np.ndarray, other: np.ndarray, draws: int, alpha: flo
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--draws", type=int, default=3000, metavar="N", help="outputs per server, prompt and setting (default: %(default)s)")
-    p.add_argument("--alpha", type=float, default=1e-4, metavar="A", help="significance level per test (default: %(default)s)")
-    p.add_argument("--trials", type=int, default=300, metavar="T", help="simulated tests per shift (default: %(default)s)")
+    p.add_argument("--draws", type=int, default=3000, metavar="N",
+                   help="outputs per server, prompt and setting (default: %(default)s)")
+    p.add_argument("--alpha", type=float, default=1e-4, metavar="A",
+                   help="significance level per test (default: %(default)s)")
+    p.add_argument("--trials", type=int, default=300, metavar="T",
+                   help="simulated tests per shift (default: %(default)s)")
     p.add_argument("--shifts", default="0,0.02,0.03,0.04,0.05,0.06", metavar="S1,S2",
                    help="probability moved onto the likeliest output (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer of the traces")
     p.add_argument("--grid", type=_grid, action="append", required=True, metavar="FIELD=V1,V2",
                    help="a DrafterConfig field (or cache_siblings) and its values (repeat for more fields)")
-    p.add_argument("--work", default="sweep-drafter", metavar="DIR", help="folder for gates and logs (default: %(default)s)")
+    p.add_argument("--work", default="sweep-drafter", metavar="DIR",
+                   help="folder for gates and logs (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     args = p.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         _hvd(["train", *args.traces, "--tokenizer", args.tokenizer, "-o", gate, "--split-by", "task", "--test-fraction",
               "0.2", *flags, *extra], os.path.join(args.work, f"train_{tag}.log"))
         out = os.path.join(args.work, f"eval_{tag}.json")
-        _hvd(["eval", *args.traces, "--gate", gate, "--held-out", "--json", out], os.path.join(args.work, f"eval_{tag}.log"))
+        _hvd(["eval", *args.traces, "--gate", gate, "--held-out", "--json", out],
+             os.path.join(args.work, f"eval_{tag}.log"))
         with open(out) as f:
             ev = json.load(f)
         row = {"setting": setting, "seconds": time.perf_counter() - start, "threshold": ev["threshold"],

@@ -277,9 +277,8 @@ def probe_cpu_engine() -> list[str]:
     for call in (lambda p, a, n: spec_tree.verify_tree_greedy_func(p, a, n, cand, ret[0], ret[1], ret[2], target,
                                                                    topk=2),
                  lambda p, a, n: K.verify_tree_greedy_cpu(p, a, n, cand, ret[0], ret[1], ret[2], target)):
-        p = torch.zeros(6, dtype=torch.int32)
-        a = torch.full((1, 4), -1, dtype=torch.int32)
-        n = torch.zeros(1, dtype=torch.int32)
+        p, a, n = (torch.zeros(6, dtype=torch.int32), torch.full((1, 4), -1, dtype=torch.int32),
+                   torch.zeros(1, dtype=torch.int32))
         call(p, a, n)
         outs.append((p, a, n))
     same("verify_tree_greedy_func", *outs)
