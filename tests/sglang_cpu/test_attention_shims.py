@@ -45,7 +45,8 @@ def _reference(q_row, slots, pool):
 
 
 # topk-2 tree of 6 nodes (root, A, B, C under A, E under B, G under C), QLEN_ONLY rows
-TREE = [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0], [1, 1, 0, 1, 0, 0], [1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]]
+TREE = [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0], [1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]]
 
 
 @pytest.mark.parametrize("layout", ["qlen_only", "full_mask", "no_mask"])
@@ -62,8 +63,9 @@ def test_target_verify_sees_prefix_and_tree_ancestors(layout):
     else:
         mask = None
     out_cache_loc = torch.cat([req_to_token[r, s : s + n] for r, s in zip(reqs, seq_lens)])
-    fb = SimpleNamespace(spec_info=SimpleNamespace(draft_token_num=n, custom_mask=mask), seq_lens=torch.tensor(seq_lens),
-                         req_pool_indices=torch.tensor(reqs), out_cache_loc=out_cache_loc)
+    fb = SimpleNamespace(spec_info=SimpleNamespace(draft_token_num=n, custom_mask=mask),
+                         seq_lens=torch.tensor(seq_lens), req_pool_indices=torch.tensor(reqs),
+                         out_cache_loc=out_cache_loc)
     backend = SimpleNamespace(token_to_kv_pool=pool, req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
                               swa_out_cache_loc=None)
     q = torch.randn((2 * n, HEADS * DIM), generator=gen)
@@ -73,7 +75,8 @@ def test_target_verify_sees_prefix_and_tree_ancestors(layout):
     assert torch.equal(pool.k[out_cache_loc], k.view(-1, KV_HEADS, DIM))  # the drafts' KV was written first
     for i, (req, prefix) in enumerate(zip(reqs, seq_lens)):
         for j in range(n):
-            slots = req_to_token[req, :prefix].tolist() + [req_to_token[req, prefix + c].item() for c in range(n) if tree[j, c]]
+            slots = req_to_token[req, :prefix].tolist() + [req_to_token[req, prefix + c].item()
+                                                           for c in range(n) if tree[j, c]]
             want = _reference(q[i * n + j].view(HEADS, DIM), slots, pool)
             got = o[i * n + j].view(HEADS, DIM).double()
             assert torch.allclose(got, want, atol=1e-5), (layout, i, j)
@@ -85,11 +88,13 @@ def test_multi_step_draft_decode_reads_prefix_and_own_branch(topk):
     pool = FakePool(gen)
     steps, seq_lens, reqs = 3, [4, 2], [0, 1]
     req_to_token = torch.randperm(ROWS, generator=gen)[:32].view(2, 16)
-    runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=pool)
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+                             token_to_kv_pool=pool)
     _, multi_step_cls = attention.classes()
     multi = multi_step_cls(runner, topk, steps)
     assert len(multi.attn_backends) == steps - 1
-    fb = SimpleNamespace(req_pool_indices=torch.tensor(reqs), seq_lens=torch.tensor(seq_lens), batch_size=2, out_cache_loc=None)
+    fb = SimpleNamespace(req_pool_indices=torch.tensor(reqs), seq_lens=torch.tensor(seq_lens), batch_size=2,
+                         out_cache_loc=None)
     multi.init_forward_metadata(fb)
     # draft slots as EAGLE lays them out: [bs, topk, steps] from req_to_token[seq_len:]
     slots = torch.stack([req_to_token[r, s : s + topk * steps] for r, s in zip(reqs, seq_lens)]).view(2, topk, steps)

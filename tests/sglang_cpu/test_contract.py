@@ -28,7 +28,8 @@ def _run(code: str, env: dict, timeout: float = 240) -> subprocess.CompletedProc
 
 def _last_json(proc: subprocess.CompletedProcess):
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("{", "["))]
-    assert lines, f"no JSON from the probe (rc={proc.returncode})\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert lines, (f"no JSON from the probe (rc={proc.returncode})\n"
+                   f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 

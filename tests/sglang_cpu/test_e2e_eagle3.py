@@ -35,8 +35,10 @@ def _prompts() -> list[dict]:
     rng = random.Random(1234)
     lengths = [5, 12, 31, 64, 90, 120, 200, 17]
     new_tokens = [64, 48, 64, 33, 64, 48, 64, 21]  # uneven: requests leave the batch mid-run
-    reqs = [dict(input_ids=[rng.randrange(100, 150000) for _ in range(n)], max_new_tokens=m) for n, m in zip(lengths, new_tokens)]
-    reqs.append(dict(text="The Hybrid Verified Decoding harness checks that speculative decoding is lossless:", max_new_tokens=48))
+    reqs = [dict(input_ids=[rng.randrange(100, 150000) for _ in range(n)], max_new_tokens=m)
+            for n, m in zip(lengths, new_tokens)]
+    reqs.append(dict(text="The Hybrid Verified Decoding harness checks that speculative decoding is lossless:",
+                     max_new_tokens=48))
     return reqs
 
 
@@ -74,8 +76,10 @@ def _assert_same_tokens(run: Run, reference: Run, label: str) -> None:
     for round_ in range(len(run.rounds)):
         for i, (got, want) in enumerate(zip(run.tokens(round_), reference.tokens(0))):
             if got != want:
-                first = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b) if len(got) == len(want) else "length"
-                pytest.fail(f"{label}: round {round_} prompt {i} differs from the non-speculative server at token {first}\n"
+                first = (next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+                         if len(got) == len(want) else "length")
+                pytest.fail(f"{label}: round {round_} prompt {i} differs from the non-speculative server "
+                            f"at token {first}\n"
                             f"  spec: {got}\n  ref:  {want}\n  log: {run.log_path}")
     for i, (got, want) in enumerate(zip(run.rounds[0], reference.rounds[0])):
         if "text" in PROMPTS[i]:
@@ -120,7 +124,8 @@ def llama_reference(sglang_cpu_models, sglang_server_factory) -> Run:
 
 @pytest.fixture(scope="module")
 def llama_eagle3(sglang_cpu_models, sglang_server_factory, llama_reference) -> Run:
-    return _run(sglang_server_factory, sglang_cpu_models.llama, harness.eagle3_args(sglang_cpu_models.llama_draft, topk=1, steps=STEPS))
+    return _run(sglang_server_factory, sglang_cpu_models.llama,
+                harness.eagle3_args(sglang_cpu_models.llama_draft, topk=1, steps=STEPS))
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +135,8 @@ def cycle_reference(sglang_cpu_models, sglang_server_factory) -> Run:
 
 @pytest.fixture(scope="module")
 def cycle_eagle3_topk1(sglang_cpu_models, sglang_server_factory, cycle_reference) -> Run:
-    return _run(sglang_server_factory, sglang_cpu_models.cycle, harness.eagle3_args(sglang_cpu_models.cycle_draft, topk=1, steps=STEPS))
+    return _run(sglang_server_factory, sglang_cpu_models.cycle,
+                harness.eagle3_args(sglang_cpu_models.cycle_draft, topk=1, steps=STEPS))
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +182,8 @@ def test_eagle3_cycle_draft_topk1_is_lossless_with_long_accepts(cycle_eagle3_top
     assert hist[0] > 0 and sum(hist[:STEPS]) > 0, stats  # ...and some reject
 
 
-def test_eagle3_cycle_draft_topk2_is_lossless_and_accepts_siblings(cycle_eagle3_topk2, cycle_eagle3_topk1, cycle_reference):
+def test_eagle3_cycle_draft_topk2_is_lossless_and_accepts_siblings(cycle_eagle3_topk2, cycle_eagle3_topk1,
+                                                                   cycle_reference):
     _assert_same_tokens(cycle_eagle3_topk2, cycle_reference, "cycle EAGLE3 topk 2")
     _assert_spec_meta_consistent(cycle_eagle3_topk2)
     tree, chain = _spec_stats(cycle_eagle3_topk2), _spec_stats(cycle_eagle3_topk1)

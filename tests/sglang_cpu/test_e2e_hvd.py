@@ -57,8 +57,8 @@ def _sequential_prompts() -> list[dict]:
     repeat a block, so their own tree drafts at once."""
     rng = random.Random(7)
     block = [rng.randrange(100, 150000) for _ in range(16)]
-    return [dict(input_ids=block * 3, max_new_tokens=32), dict(input_ids=[rng.randrange(100, 150000) for _ in range(20)],
-                                                               max_new_tokens=24),
+    return [dict(input_ids=block * 3, max_new_tokens=32),
+            dict(input_ids=[rng.randrange(100, 150000) for _ in range(20)], max_new_tokens=24),
             dict(input_ids=block + [9] + block, max_new_tokens=32)]
 
 
@@ -86,9 +86,10 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
     configs = {
         "reference": dict(extra_args=[]),
         "eagle3": dict(extra_args=eagle),
-        "hvd": dict(extra_args=eagle + ["--enable-metrics"], env={"SGLANG_HVD_ENABLE": "1", "SGLANG_HVD_GATE": qwen_gate,
-                                           "SGLANG_HVD_THRESHOLD": "-1", "SGLANG_HVD_DRAFTER": "native",
-                                           "SGLANG_HVD_RECORD_TRACES": str(work / "served.jsonl")}),
+        "hvd": dict(extra_args=eagle + ["--enable-metrics"],
+                    env={"SGLANG_HVD_ENABLE": "1", "SGLANG_HVD_GATE": qwen_gate,
+                         "SGLANG_HVD_THRESHOLD": "-1", "SGLANG_HVD_DRAFTER": "native",
+                         "SGLANG_HVD_RECORD_TRACES": str(work / "served.jsonl")}),
         "hvd_broken": dict(extra_args=eagle + ["--hvd-gate", broken], launcher="sglang_hvd.launch_server"),
         # SGLang's CPU path binds each rank to a NUMA node unless told which cores to use.
         "hvd_dp2": dict(extra_args=eagle + ["--dp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1",
@@ -330,7 +331,7 @@ def test_cache_drafts_lift_accept_length_when_the_cache_knows_the_answer(runs):
 
 
 def test_prometheus_metrics_carry_hvd_gauges(runs):
-    lines = [l for l in runs["hvd"]["metrics"].splitlines() if l.startswith("sglang:hvd_cache_pick_rate")]
+    lines = [line for line in runs["hvd"]["metrics"].splitlines() if line.startswith("sglang:hvd_cache_pick_rate")]
     assert lines and float(lines[0].split()[-1]) > 0.0
     assert 'dp_rank="0"' in lines[0]  # one series per data-parallel rank
 
@@ -348,7 +349,8 @@ def test_recorded_traces_replay_to_the_served_outputs(runs):
 
     path = runs["work"] / "served.jsonl"
     records = list(iter_traces(str(path)))  # the reader validates every step against the output
-    served = {tuple(p["input_ids"]): out for p, out in zip(PROMPTS * 2, _tokens(runs["hvd"], 0) + _tokens(runs["hvd"], 1))}
+    served = {tuple(p["input_ids"]): out
+              for p, out in zip(PROMPTS * 2, _tokens(runs["hvd"], 0) + _tokens(runs["hvd"], 1))}
     collected = len(runs["hvd"]["collect"]["records"])
     assert len(records) >= 2 * len(PROMPTS) + collected  # hvd collect's requests were served (and recorded) too
     records = [r for r in records if tuple(r.prompt_ids.tolist()) in served]
@@ -372,7 +374,8 @@ def test_collect_against_the_live_server(runs):
     assert len(c["records"]) == 6  # 3 conversations x 2 assistant turns
     assert c["second"].returncode == 0 and "already collected (resumed)" in c["second"].stdout
     again = (runs["work"] / "again.jsonl").read_text().splitlines()
-    assert sorted(json.loads(l)["req_id"] for l in again) == sorted(json.loads(l)["req_id"] for l in c["records"])
+    assert (sorted(json.loads(line)["req_id"] for line in again)
+            == sorted(json.loads(line)["req_id"] for line in c["records"]))
     assert c["down"].returncode == 2 and "rerun the same command to resume" in c["down"].stderr
 
 

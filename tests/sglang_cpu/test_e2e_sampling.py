@@ -143,7 +143,8 @@ def test_sampled_outputs_follow_the_non_speculative_distribution(runs, name):
     table = _report(runs, name)
     assert len(table) == 4 * len(runs[name]["draws"])
     failed = [row for row in table if row[3] <= ALPHA]
-    assert not failed, f"{name}: outputs differ from the non-speculative server's (setting, prompt, statistic, p, categories): {failed}"
+    assert not failed, (f"{name}: outputs differ from the non-speculative server's "
+                        f"(setting, prompt, statistic, p, categories): {failed}")
     for setting, got in runs[name]["draws"].items():
         assert got["tokens_per_verify"] > 1.5, (setting, got["tokens_per_verify"])  # speculation did run
         for prompt in PROMPTS:

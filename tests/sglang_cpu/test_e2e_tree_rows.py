@@ -46,7 +46,8 @@ def _llama_prompts() -> list[dict]:
     reqs = [dict(input_ids=[rng.randrange(100, 150000) for _ in range(n)], max_new_tokens=m)
             for n, m in zip([9, 23, 41, 60], [40, 33, 40, 24])]
     # Prompts that repeat themselves: cache drafts from the first step, of every length.
-    reqs += [dict(input_ids=block * 3, max_new_tokens=40), dict(input_ids=block[:6] + [5] + block[:6], max_new_tokens=36),
+    reqs += [dict(input_ids=block * 3, max_new_tokens=40),
+             dict(input_ids=block[:6] + [5] + block[:6], max_new_tokens=36),
              dict(input_ids=block + [8, 9] + block[:12], max_new_tokens=40)]
     return reqs
 
@@ -110,7 +111,8 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gates) -> dict:
     return {
         "llama_reference": _serve(f, m.llama, LLAMA_PROMPTS, rounds=1),
         "llama_hvd": _serve(f, m.llama, LLAMA_PROMPTS, llama_eagle, _hvd_env(gate, 0)),
-        "llama_hvd_full": _serve(f, m.llama, LLAMA_PROMPTS, llama_eagle, _hvd_env(gate, 0, HVD_TEST_TREE_MASK_MODE="full")),
+        "llama_hvd_full": _serve(f, m.llama, LLAMA_PROMPTS, llama_eagle,
+                                 _hvd_env(gate, 0, HVD_TEST_TREE_MASK_MODE="full")),
         "cycle_reference": _serve(f, m.cycle, CYCLE_PROMPTS + SIBLING_PROMPTS, rounds=1),
         "cycle_hvd": _serve(f, m.cycle, CYCLE_PROMPTS, cycle_eagle, _hvd_env(gate, 3)),
         "cycle_tree": _serve(f, m.cycle, SIBLING_PROMPTS, cycle_eagle, _hvd_env(gate, 0, SGLANG_HVD_CACHE_SIBLINGS="4"),
@@ -139,7 +141,8 @@ def test_tree_rows_leave_the_output_unchanged(runs, name, reference):
         assert len(got) == len(want)
         for i, (a, b) in enumerate(zip(got, want)):
             assert a == b, f"{name} round {round_} prompt {i} differs at token " \
-                           f"{next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), 'length')}; log: {runs[name]['log']}"
+                           f"{next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), 'length')}; " \
+                           f"log: {runs[name]['log']}"
 
 
 @pytest.mark.parametrize("name", ["llama_hvd", "llama_hvd_full"])

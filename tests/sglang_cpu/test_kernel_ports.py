@@ -98,7 +98,8 @@ def _verify(candidates, r_index, r_next, r_sib, target, depth):
     accept_num = torch.empty(bs, dtype=torch.int32)
     K.verify_tree_greedy_cpu(
         predicts=predicts, accept_index=accept_index, accept_token_num=accept_num,
-        candidates=torch.tensor(candidates), retrive_index=torch.tensor(r_index), retrive_next_token=torch.tensor(r_next),
+        candidates=torch.tensor(candidates), retrive_index=torch.tensor(r_index),
+        retrive_next_token=torch.tensor(r_next),
         retrive_next_sibling=torch.tensor(r_sib), target_predict=torch.tensor(target))
     return predicts.tolist(), accept_index.tolist(), accept_num.tolist()
 
@@ -157,7 +158,8 @@ def test_assign_draft_cache_locs_contiguous(topk, steps, expected):
 
 def test_assign_extend_cache_locs_gathers_back_to_back():
     out = torch.full((5,), -7, dtype=torch.int64)
-    K.assign_extend_cache_locs_cpu(torch.tensor([1, 2]), _req_to_token(), torch.tensor([4, 0]), torch.tensor([7, 2]), out, 16)
+    K.assign_extend_cache_locs_cpu(torch.tensor([1, 2]), _req_to_token(), torch.tensor([4, 0]), torch.tensor([7, 2]),
+                                   out, 16)
     assert out.tolist() == [104, 105, 106, 200, 201]
 
 

@@ -32,7 +32,8 @@ def _verify(cands, target, coins, final_coins, spec_tokens=4):
     index = torch.arange(bs * n, dtype=torch.int64).view(bs, n)
     draft_probs = torch.zeros_like(target)
     S.tree_speculative_sampling_target_only(
-        predicts, accept_index, accept_num, cands, index, torch.tensor([NEXT_TOKEN] * bs), torch.tensor([NEXT_SIBLING] * bs),
+        predicts, accept_index, accept_num, cands, index, torch.tensor([NEXT_TOKEN] * bs),
+        torch.tensor([NEXT_SIBLING] * bs),
         coins, final_coins, target, draft_probs)
     return predicts, accept_index, accept_num, draft_probs
 

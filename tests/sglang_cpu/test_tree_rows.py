@@ -45,8 +45,8 @@ def build(mode: int, seed: int = 3, seq_lens=SEQ_LENS) -> EagleVerifyInput:
     mask = torch.full((size,), True)
     retrieve = torch.full((3, bs, N), -1, dtype=torch.long)
     positions = torch.empty((bs * N,), dtype=torch.long)
-    K.build_tree_kernel_efficient_cpu(parent_list, selected, seq, mask, positions, retrieve[0], retrieve[1], retrieve[2],
-                                      TOPK, STEPS, N, mode)
+    K.build_tree_kernel_efficient_cpu(parent_list, selected, seq, mask, positions, retrieve[0], retrieve[1],
+                                      retrieve[2], TOPK, STEPS, N, mode)
     tokens = torch.randint(1000, 2000, (bs * N,), generator=gen)
     return EagleVerifyInput(
         draft_token=tokens, custom_mask=mask, positions=positions, retrieve_index=retrieve[0],
@@ -109,7 +109,8 @@ def test_untouched_rows_stay_byte_identical_and_chains_equal_sglangs_own(mode):
     vi, before = build(mode), build(mode)
     assert rewrite_tree_rows(vi, plans(), mode) == 2
     # Row 0: every tensor as built.
-    assert torch.equal(vi.draft_token[:N], before.draft_token[:N]) and torch.equal(vi.positions[:N], before.positions[:N])
+    assert (torch.equal(vi.draft_token[:N], before.draft_token[:N])
+            and torch.equal(vi.positions[:N], before.positions[:N]))
     assert torch.equal(vi.retrieve_next_token[0], before.retrieve_next_token[0])
     assert torch.equal(vi.retrieve_next_sibling[0], before.retrieve_next_sibling[0])
     assert torch.equal(mask_block(vi, mode, 0), mask_block(before, mode, 0))
@@ -227,7 +228,8 @@ def test_a_cache_tree_row_links_and_masks_each_node_under_its_parent(mode):
     assert rows[1:] == [[1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0],
                         [1, 0, 0, 0, 1, 0, 0, 0], [1, 1, 0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 1, 0, 1, 0],
                         [1, 0, 0, 0, 0, 0, 0, 1]]
-    # Row 2: EAGLE3's nodes 1..3 kept; the tree's 5 -> 7 -> 8 and 9 at nodes 4..7, 9's next sibling EAGLE3's first child.
+    # Row 2: EAGLE3's nodes 1..3 kept; the tree's 5 -> 7 -> 8 and 9 at nodes 4..7,
+    # 9's next sibling EAGLE3's first child.
     old_first = before.retrieve_next_token[2, 0].item()
     assert vi.retrieve_next_token[2, 0].item() == 4
     assert vi.retrieve_next_token[2, 4:].tolist() == [5, 6, -1, -1]

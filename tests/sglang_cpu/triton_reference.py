@@ -72,7 +72,8 @@ def check_tree_and_verify(gen, mismatches: list, label: str, bs: int, topk: int,
     parent_list, sel = _grow_tree(gen, bs, topk, steps, n)
     seq_lens = torch.randint(1, 9, (bs,), generator=gen)
     for mode in (K.QLEN_ONLY, K.FULL_MASK):
-        ref = _tree(spec_tree.sgl_build_tree_kernel_triton, parent_list, sel, seq_lens, topk, steps, n, spec_tree.TreeMaskMode(mode))
+        ref = _tree(spec_tree.sgl_build_tree_kernel_triton, parent_list, sel, seq_lens, topk, steps, n,
+                    spec_tree.TreeMaskMode(mode))
         got = _tree(K.build_tree_kernel_efficient_cpu, parent_list, sel, seq_lens, topk, steps, n, mode)
         for name, a, b in zip(("tree_mask", "positions", "retrieve"), ref, got):
             if not torch.equal(a, b):
@@ -86,7 +87,8 @@ def check_tree_and_verify(gen, mismatches: list, label: str, bs: int, topk: int,
         accept_index = torch.full((bs, steps + 1), -1, dtype=torch.int32)
         accept_num = torch.full((bs,), -5, dtype=torch.int32)
         fn(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
-           target_predict=target, **{f"{kw}_index": retrieve[0], f"{kw}_next_token": retrieve[1], f"{kw}_next_sibling": retrieve[2]})
+           target_predict=target, **{f"{kw}_index": retrieve[0], f"{kw}_next_token": retrieve[1],
+                                     f"{kw}_next_sibling": retrieve[2]})
         outs.append((predicts, accept_index, accept_num))
     for name, a, b in zip(("predicts", "accept_index", "accept_token_num"), *outs):
         if not torch.equal(a, b):
@@ -162,8 +164,10 @@ def check_renorm(gen, mismatches: list, label: str) -> None:
     probs = torch.softmax(logits, dim=-1)
     top_ks = torch.randint(1, vocab + 2, (rows,), generator=gen)
     top_ps = torch.rand((rows,), generator=gen).clamp(min=0.05)
-    for name, ref, got in (("top_k", renorm_triton.top_k_renorm_probs_triton(probs, top_ks), S.top_k_renorm_prob(probs, top_ks)),
-                           ("top_p", renorm_triton.top_p_renorm_probs_triton(probs, top_ps), S.top_p_renorm_prob(probs, top_ps))):
+    for name, ref, got in (("top_k", renorm_triton.top_k_renorm_probs_triton(probs, top_ks),
+                            S.top_k_renorm_prob(probs, top_ks)),
+                           ("top_p", renorm_triton.top_p_renorm_probs_triton(probs, top_ps),
+                            S.top_p_renorm_prob(probs, top_ps))):
         if not torch.allclose(ref, got, rtol=1e-5, atol=1e-7) or not torch.equal(ref > 0, got > 0):
             mismatches.append(f"{label} {name}_renorm: max difference {float((ref - got).abs().max()):.3g}, "
                               f"kept {int((ref > 0).sum())} (triton) vs {int((got > 0).sum())} (port)")
@@ -181,7 +185,8 @@ def main(argv: list[str]) -> int:
     shapes = [(1, 1, 3, 4), (3, 1, 4, 5), (2, 2, 3, 6), (2, 2, 3, 4), (3, 3, 2, 7), (2, 2, 4, 10)]
     for r in range(rounds):
         for bs, topk, steps, n in shapes:
-            check_tree_and_verify(gen, mismatches, f"round {r} bs={bs} topk={topk} steps={steps} n={n}", bs, topk, steps, n)
+            check_tree_and_verify(gen, mismatches, f"round {r} bs={bs} topk={topk} steps={steps} n={n}",
+                                  bs, topk, steps, n)
             cases += 1
         check_simple_kernels(gen, mismatches, f"round {r}")
         check_renorm(gen, mismatches, f"round {r}")
