@@ -32,7 +32,8 @@ class ListGate:
 
 def drafts(*token_lists):
     return DraftBatch.of([Draft(tokens=tuple(t), probs=(1.0,) * len(t), child_counts=(1,) * len(t), score=len(t),
-                                   match_len=len(t), match_count=2, tree="local" if t else "") for t in token_lists], 20)
+                                match_len=len(t), match_count=2, tree="local" if t else "")
+                          for t in token_lists], 20)
 
 
 def test_rows_take_eagle3_a_chain_or_two_branches():
@@ -119,7 +120,8 @@ def test_a_gate_that_reads_trees_gets_every_drafted_rows_tree_cut_at_chain_plus_
     col = FEATURE_NAMES.index("tree_siblings")
     # row 0: chain 2 + S 2 = 4 nodes described: 40 and 41 (mass .375; 42 is past them); row 2: 5 + 2 = 7
     # nodes: 50 under the root, 51 under 50 (one branch point, the root)
-    assert gate.features[:, col : col + 5].tolist() == [[2.0, 0.375, 0.375, 0.25, 1.0], [0.0] * 5, [2.0, 0.5, 0.25, 0.25, 1.0]]
+    assert gate.features[:, col : col + 5].tolist() == [[2.0, 0.375, 0.375, 0.25, 1.0], [0.0] * 5,
+                                                        [2.0, 0.5, 0.25, 0.25, 1.0]]
     # row 0 verifies its 4 described nodes (within its share 7 - 1), row 2 (0.5 <= 1) EAGLE3's tree
     assert [plans.plan(i) for i in range(3)] == [RowPlan(4, 3), RowPlan(0, 7), RowPlan(0, 7)]
     assert plans.cache_tokens[0, :4].tolist() == [5, 6, 40, 41]

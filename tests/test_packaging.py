@@ -68,7 +68,8 @@ def test_without_the_extension_the_python_drafter_is_used_and_says_so(monkeypatc
     monkeypatch.setattr(nd, "_warned", False)
     with caplog.at_level("WARNING"):
         assert nd.default_drafter_name() == "python"
-    assert "native drafter not built (No module named 'sglang_hvd.drafter._native'); using the Python reference" in caplog.text
+    assert ("native drafter not built (No module named 'sglang_hvd.drafter._native'); "
+            "using the Python reference") in caplog.text
 
 
 def _imports(path: str, root: str = "sglang_hvd", package: str = "sglang_hvd") -> list[str]:
@@ -169,5 +170,6 @@ def test_the_serving_runtime_never_imports_replay():
             if not name.endswith(".py") or (rel_root == "cli" and name in ("replay.py", "eval.py")):
                 continue
             path = os.path.join(root, name)
-            offenders += [f"{os.path.relpath(path, REPO)}: {m}" for m in _imports(path) if m.startswith("sglang_hvd.replay")]
+            offenders += [f"{os.path.relpath(path, REPO)}: {m}"
+                          for m in _imports(path) if m.startswith("sglang_hvd.replay")]
     assert offenders == []

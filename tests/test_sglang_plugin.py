@@ -85,7 +85,8 @@ def test_untested_sglang_versions_are_refused_unless_allowed(monkeypatch):
 
     assert checks.check_sglang_version(HVDServingConfig()) == "0.5.23"
     monkeypatch.setattr(checks.metadata, "version", lambda name: "0.6.0")
-    with pytest.raises(checks.UnsupportedSetup, match="tested with sglang 0.5.23, found 0.6.0.*--hvd-allow-sglang-version 0.6.0"):
+    with pytest.raises(checks.UnsupportedSetup,
+                       match="tested with sglang 0.5.23, found 0.6.0.*--hvd-allow-sglang-version 0.6.0"):
         checks.check_sglang_version(HVDServingConfig())
     assert checks.check_sglang_version(HVDServingConfig(allow_sglang_version="0.6.0")) == "0.6.0"
 
@@ -109,13 +110,15 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
     from sglang_hvd.patches import launch as launch_server
 
     args, rest = launch_server.build_parser().parse_known_args(
-        ["--model-path", "m", "--hvd-gate", "g", "--hvd-threshold", "2.5", "--tp-size", "1", "--hvd-global-max-tokens", "9000",
-         "--hvd-cache-siblings", "4"])
+        ["--model-path", "m", "--hvd-gate", "g", "--hvd-threshold", "2.5", "--tp-size", "1",
+         "--hvd-global-max-tokens", "9000", "--hvd-cache-siblings", "4"])
     assert rest == ["--model-path", "m", "--tp-size", "1"]
     cfg = launch_server.config_from_args(args)
-    assert (cfg.gate, cfg.threshold, cfg.drafter_overrides, cfg.cache_siblings) == ("g", 2.5, (("global_max_tokens", 9000),), 4)
+    assert (cfg.gate, cfg.threshold, cfg.drafter_overrides, cfg.cache_siblings) == (
+        "g", 2.5, (("global_max_tokens", 9000),), 4)
     args, _ = launch_server.build_parser().parse_known_args(["--hvd-gate", "g", "--hvd-score-rule", "3"])
-    assert (launch_server.config_from_args(args).score_rule, launch_server.config_from_args(args).threshold) == (3.0, None)
+    assert (launch_server.config_from_args(args).score_rule,
+            launch_server.config_from_args(args).threshold) == (3.0, None)
     assert launch_server.main(BASE_ARGS + ["--hvd-gate", "g", "--hvd-score-rule", "3", "--hvd-threshold", "1"]) == 2
     assert "SGLANG_HVD_SCORE_RULE replaces the gate: set one" in capsys.readouterr().err
     assert launch_server.main(BASE_ARGS + ["--hvd-gate", "/nonexistent/gate"]) == 2
@@ -126,10 +129,12 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
     chain = ["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
     assert launch_server.main(BASE_ARGS + chain + ["--hvd-gate", os.path.join(demo_dir, "gate")]) == 2
     err = capsys.readouterr().err
-    assert "was trained for verify rows of topk 4, steps 3, 16 nodes, but this server verifies topk 1, steps 3, 4 nodes" in err
+    assert ("was trained for verify rows of topk 4, steps 3, 16 nodes, "
+            "but this server verifies topk 1, steps 3, 4 nodes") in err
     assert "serve with --speculative-eagle-topk 4 --speculative-num-steps 3 --speculative-num-draft-tokens 16" in err
     assert launch_server.main(BASE_ARGS + ["--hvd-gate", os.path.join(demo_dir, "gate")]) == 2
-    assert "HVD needs the verify shape its gate was trained for: pass --speculative-num-steps" in capsys.readouterr().err
+    assert ("HVD needs the verify shape its gate was trained for: pass --speculative-num-steps"
+            in capsys.readouterr().err)
     # A refused launch leaves the caller's environment alone (no HVD switched on for later servers).
     assert not any(k.startswith("SGLANG_HVD_") for k in os.environ)
 
@@ -205,7 +210,8 @@ def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
     w.hvd_shape = shape
     gate = Gate(w.hvd_config.gate)
     w.hvd = HVDStepper(create_drafter("python", gate.drafter_config), gate, shape,
-                       recorder=TraceRecorder(w.hvd_config.record_traces), tokenizer=gate.spec.tokenizer) if rank == 0 else None
+                       recorder=TraceRecorder(w.hvd_config.record_traces),
+                       tokenizer=gate.spec.tokenizer) if rank == 0 else None
     w._hvd_tp_size, w._hvd_tp_rank, w._hvd_tp_group, w._hvd_dp_rank = tp_size, rank, group, None
     w._hvd_reqs, w._hvd_pending, w._hvd_errors, w._hvd_error_logged, w.hvd_step_us = {}, None, 0, False, 0.0
     w._hvd_last_log = 0.0
@@ -221,7 +227,8 @@ def stock_verify(monkeypatch):
 
     seen = []
     monkeypatch.setattr(ew.EAGLEWorkerV2, "verify",
-                        lambda self, batch, pp_proxy_tensors=None, grammar_barrier=None: seen.append(batch) or "verified")
+                        lambda self, batch, pp_proxy_tensors=None, grammar_barrier=None:
+                        seen.append(batch) or "verified")
     return seen
 
 
