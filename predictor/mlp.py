@@ -87,7 +87,8 @@ def train_mlp(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val
     best, best_epoch, best_state = math.inf, 0, None
     train_curve, val_curve = [], []
     batches = math.ceil(len(xt) / config.batch_size)
-    with progress(total=config.max_epochs, desc="train", unit="epoch") as bar:
+    # early stopping ends most runs before max_epochs: a time left from it would mislead
+    with progress(total=config.max_epochs, desc="train", unit="epoch", eta=False) as bar:
         for epoch in range(1, config.max_epochs + 1):
             model.train()
             order = torch.from_numpy(rng.permutation(len(xt)))

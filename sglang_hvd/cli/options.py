@@ -12,10 +12,37 @@ from typing import Any, TypeVar
 
 from ..drafter.protocol import DrafterConfig
 from ..errors import HvdInputError
+from ..policy import MAX_TREE_NODES
 from ..replay.acceptance import VerifyModel
 from ..verify import Eagle3Curve, VerifyShape
+from .common import float_in, float_list_in, int_in
 
 T = TypeVar("T")
+
+# Parse-time ranges of the numeric flags generated from config dataclasses, by field name
+# (the dataclasses check their own invariants too, but only once built: these refuse NaN,
+# inf and absurd values while argparse still knows the flag). Floats not listed here are
+# still refused when not finite; ints not listed take any integer >= 0.
+BIG = 10**12
+FIELD_RANGES: dict[str, tuple[float, float]] = {
+    # DrafterConfig
+    "max_depth": (2, 4096), "max_spec_tokens": (1, 4096), "max_spec_factor": (0.0, 1024.0),
+    "max_spec_offset": (-4096.0, 4096.0), "min_token_prob": (0.0, 1.0), "global_max_tokens": (0, BIG),
+    "max_occurrences": (1, BIG), "max_scan": (1, BIG),
+    # CostModel (per verify cycle, 1.0 = one target forward)
+    "greedy": (1e-6, 1e6), "eagle3": (1e-6, 1e6), "cache": (1e-6, 1e6), "cache_per_token": (0.0, 1e6),
+}
+# The verify shape: a row holds at most MAX_TREE_NODES draft nodes (the worker's tree rows).
+MAX_VERIFY_NODES = MAX_TREE_NODES + 1
+MAX_EAGLE3_TOKENS = float(MAX_VERIFY_NODES)  # tokens per verify, the bonus included: at most N
+# Thresholds on the gate's predicted accept_len (its labels are clipped at 64) and constants of
+# the score rule (a draft's score sums at most max_spec_tokens probabilities).
+GATE_THRESHOLD_RANGE, RULE_THRESHOLD_RANGE = (0.0, 64.0), (0.0, 4096.0)
+row_nodes = int_in(0, MAX_TREE_NODES)  # nodes of a verify row given to one branch (--eagle-reserve, --cache-siblings)
+gate_threshold = float_in(*GATE_THRESHOLD_RANGE, what="a threshold on predicted accept_len")
+rule_threshold = float_in(*RULE_THRESHOLD_RANGE, what="a score-rule constant")
+gate_thresholds = float_list_in(*GATE_THRESHOLD_RANGE)
+rule_thresholds = float_list_in(*RULE_THRESHOLD_RANGE)
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str, prefix: str = "",
@@ -28,9 +55,35 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str, 
         kind = type(f.default)
         if kind not in (int, float, str):
             continue
-        group.add_argument(flag, dest=_dest(prefix, f.name), type=kind, default=f.default,
+        group.add_argument(flag, dest=_dest(prefix, f.name), type=_field_type(f.name, kind), default=f.default,
                            metavar={int: "N", float: "X", str: "TEXT"}[kind],
                            help=f.metadata["help"] + " (default: %(default)s)")
+
+
+def _field_type(name: str, kind: type):
+    if kind is str:
+        return str
+    if kind is int:
+        low, high = FIELD_RANGES.get(name, (0, BIG))
+        return int_in(int(low), int(high))
+    low, high = FIELD_RANGES.get(name, (-1e12, 1e12))
+    return float_in(float(low), float(high))
+
+
+def eagle3_curve_text(text: str) -> str:
+    """An argparse type: a valid ``NODES:TOKENS,...`` curve (finite tokens in [1, N],
+    nodes in [1, MAX_VERIFY_NODES]), returned as given."""
+    try:
+        curve = Eagle3Curve.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    for nodes, tokens in curve.points:
+        if not 1 <= nodes <= MAX_VERIFY_NODES:
+            raise argparse.ArgumentTypeError(f"point {nodes}:{tokens:g}: nodes must be in [1, {MAX_VERIFY_NODES}]")
+        if not 1.0 <= tokens <= MAX_EAGLE3_TOKENS:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"point {nodes}:{tokens:g}: tokens must be a number in "
+                                             f"[1, {MAX_EAGLE3_TOKENS:g}] (the bonus token included)")
+    return text
 
 
 def _dest(prefix: str, name: str) -> str:
@@ -98,14 +151,19 @@ def add_verify_flags(parser: argparse.ArgumentParser, gate_default: str = "") ->
         ("nodes", shape.nodes, "tokens per verify row incl. the root, SGLang --speculative-num-draft-tokens; "
                                "a cache draft is checked up to N - 1 tokens per verify"),
     ):
-        group.add_argument(f"--verify-{name}", type=int, metavar="N", help=help_text + default(value))
-    group.add_argument("--eagle3-curve", metavar="NODES:TOKENS,...",
+        low = 2 if name == "nodes" else 1
+        high = MAX_VERIFY_NODES if name == "nodes" else MAX_TREE_NODES
+        group.add_argument(f"--verify-{name}", type=int_in(low, high), metavar="N",
+                           help=help_text + f", {low} to {high}" + default(value))
+    group.add_argument("--eagle3-curve", type=eagle3_curve_text, metavar="NODES:TOKENS,...",
                        help="EAGLE3 tokens per verify (bonus included) by the draft nodes it verifies, linear in "
                             "between; measure yours with an EAGLE3-only server at each --speculative-num-draft-tokens"
                             + default(curve.text() + ": 1.75 at a 3-token chain is the HVD paper's figure, the tree "
                                       "points are assumed; see sglang_hvd/verify.py"))
-    group.add_argument("--eagle3-mean", type=float, metavar="TOKENS",
-                       help="a flat EAGLE3 model instead of the curve: TOKENS per verify at any node count >= 1")
+    group.add_argument("--eagle3-mean", type=float_in(1.0, MAX_EAGLE3_TOKENS, what="tokens per verify"),
+                       metavar="TOKENS",
+                       help="a flat EAGLE3 model instead of the curve: TOKENS per verify (1 to "
+                            f"{MAX_EAGLE3_TOKENS:g}, the bonus token included) at any node count >= 1")
 
 
 def verify_model_from_flags(args: argparse.Namespace, base: VerifyModel | None = None) -> VerifyModel:
