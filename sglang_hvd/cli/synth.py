@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write into (created if missing)")
     p.add_argument("--sessions", type=int_in(1, MAX_SESSIONS), metavar="N", default=DEFAULTS.sessions,
                    help="number of sessions, spread round-robin over the kinds (default: %(default)s)")
-    p.add_argument("--seed", type=seed, metavar="N", default=DEFAULTS.seed, help="random seed; same seed, same files (default: %(default)s)")
+    p.add_argument("--seed", type=seed, metavar="N", default=DEFAULTS.seed,
+                   help="random seed; same seed, same files (default: %(default)s)")
     p.add_argument("--kinds", metavar="K1,K2", default=",".join(KINDS),
                    help="comma-separated session kinds from: tools, config, code, chat (default: all)")
     p.add_argument("--vocab-size", type=int_in(300, 65536), metavar="N", default=DEFAULTS.vocab_size,
