@@ -104,8 +104,8 @@ def train_mlp(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val
             train_curve.append(total / max(len(xt), 1))
             val = _mse(model, xv, yv) if len(xv) else train_curve[-1]
             val_curve.append(val)
-            bar.update(1)
             bar.set_postfix(train_mse=f"{train_curve[-1]:.3f}", val_mse=f"{val:.3f}")
+            bar.update(1)
             if val < best - 1e-6:
                 best, best_epoch = val, epoch
                 best_state = {k: v.clone() for k, v in model.state_dict().items()}

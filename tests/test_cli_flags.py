@@ -59,7 +59,8 @@ def test_the_newcomers_values_are_refused_with_the_flag_named(capsys):
     cases = {
         ("replay", "--eagle3-mean", "inf"): "expected tokens per verify in [1, 64], got inf",
         ("replay", "--eagle3-mean", "nan"): "expected tokens per verify in [1, 64], got nan",
-        ("replay", "--eagle3-curve", "1:1.5,15:inf"): "point 15:inf: tokens must be a number in [1, 64]",
+        ("replay", "--eagle3-curve", "1:1.5,15:inf"): "point 15:inf: tokens must be a number in [1, 64] "
+                                                       "(the bonus token included)",
         ("replay", "--max-spec-factor", "nan"): "expected a number in [0, 1024], got nan",
         ("replay", "--max-spec-offset", "nan"): "expected a number in [-4096, 4096], got nan",
         ("replay", "--verify-topk", "100000"): "expected an integer in [1, 63], got 100000",
@@ -210,8 +211,9 @@ def test_replay_and_import_bars_have_totals(synth_dir, synth_traces, tmp_path, m
     assert seen["replay"]["total"] == len(lines)
     conv = os.path.join(synth_dir, "conversations.jsonl")
     assert hvd(["import", conv, "--tokenizer", os.path.join(synth_dir, "tokenizer"), "-o", str(tmp_path / "t.jsonl")]) == 0
-    assert seen["import"]["total"] == sum(len(line) for line in open(conv) if line.strip())
-    assert seen["import"]["unit"] == "char"
+    turns = [sum(m["role"] == "assistant" for m in json.loads(line)["messages"]) for line in open(conv)]
+    assert seen["import"]["total"] == sum(len(line) * n for line, n in zip(open(conv), turns))
+    assert seen["import"]["unit"] == "char rendered"
     capsys.readouterr()
 
 

@@ -125,8 +125,8 @@ def main(args: argparse.Namespace) -> int:
             sw = sweep(Ticking(records, bar, lambda r: len(r.output_ids)), gate, default_drafter_name(), model, costs,
                        args.plot_thresholds, (), (decision.eagle_reserve,), (decision.cache_siblings,))
         _plot(args.plot, sw, decision.threshold,
-              f"hvd gate {os.path.basename(os.path.abspath(args.gate))}: threshold sweep over "
-              f"{result.overall.requests:,} requests at {model.shape.describe()}")
+              f"threshold sweep of gate {args.gate}: {result.overall.requests:,}"
+              f"{' held-out' if args.held_out else ''} requests, {model.shape.describe()}")
         out["sweep"] = sw.to_json()
         print(f"plot: {args.plot}")
     if report.num_skipped:

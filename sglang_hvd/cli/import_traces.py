@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import re
 import time
 
 from ..conversation import iter_conversations
@@ -53,11 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_ASSISTANT = re.compile(r'"role"\s*:\s*"assistant"')
+
+
 def _line_sizes(path: str) -> dict[int, int]:
-    """line number -> characters, for the non-blank lines of a conversation file (a first
-    pass that fails fast on a missing, truncated or undecodable file). Import time grows
-    with a conversation's text, not with the count of conversations: the progress bar
-    counts characters, so its ETA holds when the long conversations come last."""
+    """line number -> estimated characters to render, for the non-blank lines of a
+    conversation file (a first pass that fails fast on a missing, truncated or undecodable
+    file). Every assistant turn renders and tokenizes the conversation up to it, so import
+    time grows with length x assistant turns, not with the count of conversations (one
+    tau-bench conversation costs a hundred single-turn ones): the progress bar counts the
+    line's length per assistant turn (an upper bound of each turn's prefix), so its ETA holds
+    when the long conversations come last."""
     sizes = {}
     with open_text(path) as f:
         line_no = 0
@@ -71,7 +78,7 @@ def _line_sizes(path: str) -> dict[int, int]:
                 return sizes
             line_no += 1
             if line.strip():
-                sizes[line_no] = len(line)
+                sizes[line_no] = len(line) * max(1, len(_ASSISTANT.findall(line)))
 
 
 @cli_entry("import", build_parser)
@@ -89,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
 
     per_source: dict[str, dict[str, int]] = {}
     start = time.perf_counter()
-    with TraceWriter(args.output) as writer, progress(total=total, desc="import", unit="char", unit_scale=True) as bar:
+    with TraceWriter(args.output) as writer, progress(total=total, desc="import", unit="char rendered", unit_scale=True) as bar:
         taken: dict[str, int] = {}
         for path, line_no, conv in iter_conversations(args.conversations, source=args.source):
             if args.limit and taken.get(path, 0) >= args.limit:
