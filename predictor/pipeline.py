@@ -48,6 +48,17 @@ class TrainOptions:
     rule_thresholds: tuple[float, ...] = DEFAULT_RULE_THRESHOLDS
     parity_rows: int = 4096
 
+    def __post_init__(self):
+        """What train_gate would refuse after reading the traces, refused when the options are built."""
+        if not (0 <= self.validation_fraction < 1 and 0 <= self.test_fraction < 1
+                and self.validation_fraction + self.test_fraction < 1):
+            raise ValueError("validation and test fractions must be in [0, 1) and sum to less than 1")
+        if self.cache_siblings and not self.verify.shape.allows_branches:
+            raise ValueError(f"cache siblings need tree rows (topk > 1); the shape is {self.verify.shape.describe()}")
+        if self.cache_siblings and self.rows != "serving":
+            raise ValueError("dense rows are labelled with the chain's payoff only: with --rows dense pass "
+                             "--cache-siblings 0 (or use --rows serving, whose labels are the row tree's payoff)")
+
 
 def _high_payoff(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
     hp, ht = pred >= HIGH_PAYOFF_ACCEPT_LEN, true >= HIGH_PAYOFF_ACCEPT_LEN

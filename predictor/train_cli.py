@@ -180,9 +180,6 @@ def _options(args: argparse.Namespace, train_config: type, train_options: type):
         raise HvdInputError(f"--validation-fraction {args.validation_fraction:g} + --test-fraction "
                             f"{args.test_fraction:g} leave nothing to train on; make their sum below 1")
     verify = verify_model_from_flags(args)
-    if args.cache_siblings and not verify.shape.allows_branches:
-        raise HvdInputError(f"--cache-siblings {args.cache_siblings}: rows at topk {verify.shape.topk} are chains, "
-                            "with no room for siblings; train at --verify-topk 2 or more, or leave --cache-siblings out")
     try:
         model = train_config(hidden=args.hidden, learning_rate=args.learning_rate, batch_size=args.batch_size,
                              max_epochs=args.epochs, patience=args.patience, seed=args.seed)

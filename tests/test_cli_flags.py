@@ -57,13 +57,14 @@ def test_every_numeric_flag_refuses_nan_inf_and_out_of_range_at_parse_time(name,
 
 def test_the_newcomers_values_are_refused_with_the_flag_named(capsys):
     cases = {
-        ("replay", "--eagle3-mean", "inf"): "expected tokens per verify in [1, 64], got inf",
-        ("replay", "--eagle3-mean", "nan"): "expected tokens per verify in [1, 64], got nan",
-        ("replay", "--eagle3-curve", "1:1.5,15:inf"): "point 15:inf: tokens must be a number in [1, 64] "
+        ("replay", "--eagle3-mean", "inf"): "expected tokens per verify in [1, 65], got inf",
+        ("replay", "--eagle3-mean", "nan"): "expected tokens per verify in [1, 65], got nan",
+        ("replay", "--eagle3-curve", "1:1.5,15:inf"): "point 15:inf: tokens must be a number in [1, 65] "
                                                        "(the bonus token included)",
-        ("replay", "--max-spec-factor", "nan"): "expected a number in [0, 1024], got nan",
-        ("replay", "--max-spec-offset", "nan"): "expected a number in [-4096, 4096], got nan",
-        ("replay", "--verify-topk", "100000"): "expected an integer in [1, 63], got 100000",
+        ("replay", "--max-spec-factor", "nan"): "expected a finite number <= 1024, got nan",
+        ("replay", "--max-spec-offset", "nan"): "expected a finite number <= 4096, got nan",
+        ("replay", "--max-depth", "5000"): "expected an integer <= 4096, got 5000",
+        ("replay", "--verify-topk", "100000"): "expected an integer in [1, 64], got 100000",
         ("train", "--threshold", "nan"): "expected a threshold on predicted accept_len in [0, 64], got nan",
         ("train", "--learning-rate", "-1"): "expected a learning rate in (0, 10], got -1",
         ("train", "--hidden", "abc"): "expected layer sizes like 64,64, got 'abc'",
@@ -84,8 +85,11 @@ def test_the_newcomers_values_are_refused_with_the_flag_named(capsys):
     (["--validation-fraction", "0.6", "--test-fraction", "0.5"],
      "--validation-fraction 0.6 + --test-fraction 0.5 leave nothing to train on; make their sum below 1"),
     (["--cache-siblings", "2", "--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "4"],
-     "--cache-siblings 2: rows at topk 1 are chains, with no room for siblings; train at --verify-topk 2 or more, "
-     "or leave --cache-siblings out"),
+     "cache siblings need tree rows (topk > 1); the shape is topk 1, steps 3, 4 nodes"),
+    (["--rows", "dense", "--cache-siblings", "2"],
+     "dense rows are labelled with the chain's payoff only: with --rows dense pass --cache-siblings 0 "
+     "(or use --rows serving, whose labels are the row tree's payoff)"),
+    (["--max-depth", "1"], "--max-depth: max_depth must be >= 2, got 1"),
     (["--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "9"],
      "--verify-topk/--verify-steps/--verify-nodes: with topk 1 a verify row is a chain: nodes must be steps + 1 = 4, "
      "got 9"),
