@@ -88,7 +88,8 @@ def train_mlp(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val
     best, best_epoch, best_state = math.inf, 0, None
     train_curve, val_curve = [], []
     batches = math.ceil(len(xt) / config.batch_size)
-    with progress(total=config.max_epochs, desc="train", unit="epoch") as bar:
+    # early stopping ends most runs before max_epochs: a time left from it would mislead
+    with progress(total=config.max_epochs, desc="train", unit="epoch", eta=False) as bar:
         for epoch in range(1, config.max_epochs + 1):
             model.train()
             order = torch.from_numpy(rng.permutation(len(xt)))
@@ -104,8 +105,8 @@ def train_mlp(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val
             train_curve.append(total / max(len(xt), 1))
             val = _mse(model, xv, yv) if len(xv) else train_curve[-1]
             val_curve.append(val)
-            bar.update(1)
             bar.set_postfix(train_mse=f"{train_curve[-1]:.3f}", val_mse=f"{val:.3f}")
+            bar.update(1)
             if val < best - 1e-6:
                 best, best_epoch = val, epoch
                 best_state = {k: v.clone() for k, v in model.state_dict().items()}

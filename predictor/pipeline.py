@@ -20,6 +20,7 @@ from sglang_hvd.verify import VerifyModel
 from sglang_hvd.replay.metrics import HIGH_PAYOFF_ACCEPT_LEN
 from sglang_hvd.replay.sweep import (DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, default_cache_siblings,
                                     default_reserves, sweep)
+from sglang_hvd.report import Ticking, progress
 from sglang_hvd.trace import TokenizerId, TraceRecord
 
 from .dataset import build_dataset, records_digest
@@ -46,6 +47,17 @@ class TrainOptions:
     gate_thresholds: tuple[float, ...] = DEFAULT_GATE_THRESHOLDS
     rule_thresholds: tuple[float, ...] = DEFAULT_RULE_THRESHOLDS
     parity_rows: int = 4096
+
+    def __post_init__(self):
+        """What train_gate would refuse after reading the traces, refused when the options are built."""
+        if not (0 <= self.validation_fraction < 1 and 0 <= self.test_fraction < 1
+                and self.validation_fraction + self.test_fraction < 1):
+            raise ValueError("validation and test fractions must be in [0, 1) and sum to less than 1")
+        if self.cache_siblings and not self.verify.shape.allows_branches:
+            raise ValueError(f"cache siblings need tree rows (topk > 1); the shape is {self.verify.shape.describe()}")
+        if self.cache_siblings and self.rows != "serving":
+            raise ValueError("dense rows are labelled with the chain's payoff only: with --rows dense pass "
+                             "--cache-siblings 0 (or use --rows serving, whose labels are the row tree's payoff)")
 
 
 def _high_payoff(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
@@ -112,8 +124,12 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     gate = Gate.in_memory(spec, token_flags.astype(np.uint16), to_onnx(fit.model).SerializeToString())
     thresholds = (opts.threshold,) if opts.threshold is not None else opts.gate_thresholds
     reserves = (opts.eagle_reserve,) if opts.eagle_reserve is not None else default_reserves(opts.verify.shape)
-    cal = sweep(parts[VALIDATION], gate, opts.drafter_name, opts.verify, opts.costs, thresholds, opts.rule_thresholds,
-                reserves, (siblings,))
+    log(f"calibrating on validation replay: {len(thresholds) * len(reserves)} decision rules and "
+        f"{len(opts.rule_thresholds)} rule constants at once")
+    with progress(total=sum(len(r.output_ids) for r in parts[VALIDATION]), desc="calibrate", unit="tok",
+                  unit_scale=True) as bar:
+        cal = sweep(Ticking(parts[VALIDATION], bar, lambda r: len(r.output_ids)), gate, opts.drafter_name, opts.verify,
+                    opts.costs, thresholds, opts.rule_thresholds, reserves, (siblings,))
     spec = dataclasses.replace(spec, decision=cal.best, rule_threshold=cal.best_rule_threshold)
     t_cal = time.perf_counter()
     log(f"calibrated on validation replay in {t_cal - t_fit:.0f} s: threshold {cal.best.threshold:g} "

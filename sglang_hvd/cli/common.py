@@ -132,12 +132,12 @@ def add_skip_invalid_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _int_at_least(text: str, minimum: int, wanted: str) -> int:
+def _int_at_least(text: str, minimum: int, wanted: str, maximum: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
-    if value < minimum:
+    if value < minimum or (maximum is not None and value > maximum):
         raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
     return value
 
@@ -150,14 +150,49 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 
 
-def _float_in(text: str, low: float, high: float, low_open: bool, wanted: str) -> float:
+MAX_SESSIONS, MAX_EPOCHS = 100_000, 10_000  # hvd synth/demo sessions; training epochs
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds
+
+
+def seed(text: str) -> int:
+    return _int_at_least(text, 0, f"a seed in [0, {SEED_MAX}]", SEED_MAX)
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]."""
+    def parse(text: str) -> int:
+        return _int_at_least(text, low, f"an integer in [{low}, {high}]", high)
+
+    parse.__name__ = f"int_in_{low}_{high}"
+    return parse
+
+
+def _wanted(low: float, high: float, low_open: bool, high_open: bool, what: str = "a number") -> str:
+    return f"{what} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def _float_in(text: str, low: float, high: float, low_open: bool, wanted: str, high_open: bool = False) -> float:
+    """``text`` as a finite float in the range (NaN and inf fail every comparison or the bound)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
-    if not (value > low if low_open else value >= low) or not value <= high:
+    if not (value > low if low_open else value >= low) or not (value < high if high_open else value <= high):
         raise argparse.ArgumentTypeError(f"expected {wanted}, got {value:g}")
     return value
+
+
+def float_in(low: float, high: float, low_open: bool = False, high_open: bool = False,
+             what: str = "a number") -> Callable[[str], float]:
+    """An argparse type: a finite float in the range; NaN, inf and values outside it are
+    refused at parse time (argparse names the flag)."""
+    wanted = _wanted(low, high, low_open, high_open, what)
+
+    def parse(text: str) -> float:
+        return _float_in(text, low, high, low_open, wanted, high_open)
+
+    parse.__name__ = f"float_in_{low:g}_{high:g}"
+    return parse
 
 
 def temperature(text: str) -> float:
@@ -168,12 +203,23 @@ def top_p(text: str) -> float:
     return _float_in(text, 0.0, 1.0, True, "a top-p in (0, 1]")
 
 
-def float_list(text: str) -> tuple[float, ...]:
-    """``"0,0.5,1"`` -> (0.0, 0.5, 1.0) for argparse."""
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+def seconds(text: str) -> float:
+    return _float_in(text, 0.0, 86400.0, True, "seconds in (0, 86400]")
+
+
+def float_list(text: str, low: float = -1e9, high: float = 1e9) -> tuple[float, ...]:
+    """``"0,0.5,1"`` -> (0.0, 0.5, 1.0) for argparse: finite numbers in [low, high]."""
+    wanted = _wanted(low, high, False, False, "comma-separated numbers")
+    values = tuple(_float_in(v.strip(), low, high, False, wanted) for v in text.split(",") if v.strip())
     if not values:
         raise argparse.ArgumentTypeError("expected at least one number")
     return values
+
+
+def float_list_in(low: float, high: float) -> Callable[[str], tuple[float, ...]]:
+    """An argparse type: comma-separated finite numbers, each in [low, high]."""
+    def parse(text: str) -> tuple[float, ...]:
+        return float_list(text, low, high)
+
+    parse.__name__ = "float_list"
+    return parse

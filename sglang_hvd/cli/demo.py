@@ -14,7 +14,8 @@ import time
 
 from ..errors import HvdInputError
 from ..jsonl import write_json
-from .common import add_examples, FOLDER, add_json_flag, cli_entry, declare_outputs, positive_int
+from .common import (MAX_EPOCHS, MAX_SESSIONS, FOLDER, add_examples, add_json_flag, cli_entry, declare_outputs, int_in,
+                     seed)
 from .main import command
 
 
@@ -29,9 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("-o", "--output", default="hvd-demo", metavar="DIR", help="working folder (default: %(default)s)")
-    p.add_argument("--sessions", type=positive_int, metavar="N", default=160, help="synthetic sessions to generate (default: %(default)s)")
-    p.add_argument("--seed", type=int, metavar="N", default=0, help="seed of the workload, split and training (default: %(default)s)")
-    p.add_argument("--epochs", type=positive_int, metavar="N", default=40, help="most training epochs (default: %(default)s)")
+    p.add_argument("--sessions", type=int_in(1, MAX_SESSIONS), metavar="N", default=160,
+                   help="synthetic sessions to generate (default: %(default)s)")
+    p.add_argument("--seed", type=seed, metavar="N", default=0,
+                   help="seed of the workload, split and training (default: %(default)s)")
+    p.add_argument("--epochs", type=int_in(1, MAX_EPOCHS), metavar="N", default=40,
+                   help="most training epochs (default: %(default)s)")
     add_json_flag(p)
     declare_outputs(p, output=FOLDER)
     add_examples(
@@ -40,6 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
         'hvd demo -o demo --sessions 80 --json demo.json',
     )
     return p
+
+
+def drafter_line() -> str:
+    """Which cache drafter implementation the demo (and every hvd command) runs, and, for the
+    Python fallback, why and how to get the native one."""
+    from ..drafter import native_drafter
+
+    if native_drafter.native_available():
+        return "drafter: native (the C++ extension)"
+    reason = getattr(native_drafter, "_IMPORT_ERROR", "") or "not importable"
+    return ("drafter: python, the slow fallback (10-40x slower than native): the native C++ extension was not "
+            f"built ({reason}); to fix, install g++ (a C++17 compiler) and reinstall sglang-hvd")
 
 
 def _step(title: str, argv: list[str]) -> None:
@@ -57,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
     conv, tok = os.path.join(d, "conversations.jsonl"), os.path.join(d, "tokenizer")
     traces, gate, result = os.path.join(d, "traces.jsonl"), os.path.join(d, "gate"), os.path.join(d, "eval.json")
     start = time.perf_counter()
+    print(drafter_line(), flush=True)
     _step("synth", ["-o", d, "--sessions", str(args.sessions), "--seed", str(args.seed)])
     _step("import", [conv, "--tokenizer", tok, "-o", traces])
     _step("train", [traces, "--tokenizer", tok, "-o", gate, "--test-fraction", "0.25", "--seed", str(args.seed),

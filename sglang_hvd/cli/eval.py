@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
@@ -10,15 +11,16 @@ from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import atomic_output, write_json
 from ..decision import DecisionRule
-from ..replay.metrics import COLUMNS, table_row
+from ..replay.metrics import COLUMNS, HIGH_PAYOFF_ACCEPT_LEN, table_row
 from ..replay.policies import GatePolicy, PolicyOptions, make_policies
 from ..replay.simulate import simulate
 from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, gate_metrics, sweep
-from ..report import format_table, progress
+from ..report import Ticking, format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
-from .common import (add_examples, FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, float_list,
-                     non_negative_int)
-from .options import add_verify_flags, verify_model_from_flags
+from .common import (add_examples, FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs,
+)
+from .options import (add_verify_flags, gate_threshold, gate_thresholds, row_nodes, rule_threshold,
+                      verify_model_from_flags)
 
 POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
 TREE_POLICIES = ("cache_tree", "tree_oracle")  # at topk > 1, where rows hold trees
@@ -41,15 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate", required=True, metavar="GATE_DIR", help="gate directory written by `hvd train`")
     p.add_argument("--held-out", action="store_true",
                    help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
-    p.add_argument("--threshold", type=float, metavar="T", help="override the gate's threshold on predicted accept_len")
-    p.add_argument("--eagle-reserve", type=non_negative_int, metavar="M",
+    p.add_argument("--threshold", type=gate_threshold, metavar="T",
+                   help="override the gate's threshold on predicted accept_len")
+    p.add_argument("--eagle-reserve", type=row_nodes, metavar="M",
                    help="override the EAGLE3 nodes the gate's decision keeps beside a cache draft (topk > 1)")
-    p.add_argument("--cache-siblings", type=non_negative_int, metavar="S",
+    p.add_argument("--cache-siblings", type=row_nodes, metavar="S",
                    help="override the tree-draft nodes the gate's decision adds to a cache chain (topk > 1)")
-    p.add_argument("--rule-threshold", type=float, metavar="C", help="override the rule constant chosen at training")
-    p.add_argument("--plot", metavar="PATH.png",
-                   help="also sweep the threshold and plot precision/recall and cycles per 1k against it (needs matplotlib)")
-    p.add_argument("--plot-thresholds", type=float_list, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
+    p.add_argument("--rule-threshold", type=rule_threshold, metavar="C",
+                   help="override the rule constant chosen at training")
+    p.add_argument("--plot", type=plot_path, metavar="PATH.png",
+                   help="also sweep the threshold and plot precision/recall and cycles per 1k against it, marking the "
+                        "gate's threshold; the suffix gives the format: .png, .svg or .pdf (needs matplotlib)")
+    p.add_argument("--plot-thresholds", type=gate_thresholds, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds of the --plot sweep (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     add_verify_flags(p, gate_default="gate")
     add_skip_invalid_flag(p)
@@ -108,16 +113,20 @@ def main(args: argparse.Namespace) -> int:
     for name, tally in sorted(result.sources.items()):
         out["sources"][name] = {**tally.to_json(), "gate": {**gate_metrics(hvd.judged, name),
                                 "cache_pick_rate": tally.policy("hvd").to_json()["cache_pick_rate"]}}
-        _print(name, tally, header, costs, out["sources"][name]["gate"])
+        _print(name, tally, header, costs, out["sources"][name]["gate"], model.shape)
     if len(result.sources) > 1:
-        _print("overall", result.overall, header, costs, out["overall"]["gate"])
+        _print("overall", result.overall, header, costs, out["overall"]["gate"], model.shape)
     print(f"\nverify rows of {model.shape.describe()} (cache drafts checked up to {model.shape.draft_nodes} tokens), "
           f"EAGLE3 {model.eagle3_tokens:.3g} tokens per verify; hvd threshold {decision.threshold:g}, EAGLE3 reserve "
           f"{decision.eagle_reserve}, cache siblings {decision.cache_siblings}; rule constant {rule:g}; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
     if args.plot:
-        sw = sweep(records, gate, default_drafter_name(), model, costs, args.plot_thresholds, (), (decision.eagle_reserve,),
-                   (decision.cache_siblings,))
-        _plot(args.plot, sw)
+        print(f"\nsweeping {len(args.plot_thresholds)} thresholds for the plot", flush=True)
+        with progress(total=sum(len(r.output_ids) for r in records), desc="sweep", unit="tok", unit_scale=True) as bar:
+            sw = sweep(Ticking(records, bar, lambda r: len(r.output_ids)), gate, default_drafter_name(), model, costs,
+                       args.plot_thresholds, (), (decision.eagle_reserve,), (decision.cache_siblings,))
+        _plot(args.plot, sw, decision.threshold,
+              f"threshold sweep of gate {args.gate}: {result.overall.requests:,}"
+              f"{' held-out' if args.held_out else ''} requests, {model.shape.describe()}")
         out["sweep"] = sw.to_json()
         print(f"plot: {args.plot}")
     if report.num_skipped:
@@ -127,34 +136,68 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(name, tally, header, costs, g) -> None:
+def at_6(shape, value: float) -> str:
+    """precision@6 or recall@6, or n/a where a row checks fewer than 6 cache tokens (N - 1 < 6):
+    no draft can be accepted that far, so both are 0 / 0."""
+    return "n/a" if shape.draft_nodes < HIGH_PAYOFF_ACCEPT_LEN else f"{value:.3f}"
+
+
+def _print(name, tally, header, costs, g, shape) -> None:
     rows = [table_row(p, t) + (costs.time_per_1k(t),) for p, t in tally.policies.items()]
     print(format_table(header, rows, title=f"\n{name}: {tally.requests:,} requests, {tally.tokens:,} output tokens"))
-    print(f"gate: precision@6 {g['precision_at_6']:.3f}, recall@6 {g['recall_at_6']:.3f}, MAE {g['mae']:.2f} "
+    print(f"gate: precision@6 {at_6(shape, g['precision_at_6'])}, recall@6 {at_6(shape, g['recall_at_6'])}, "
+          f"MAE {g['mae']:.2f} "
           f"over {g['judged']:,} drafts judged; cache pick {100 * g['cache_pick_rate']:.1f}%")
 
 
-def _plot(path: str, sw) -> None:
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_path(text: str) -> str:
+    """An argparse type: a plot file name whose suffix says the format (png, svg or pdf)."""
+    suffix = os.path.splitext(text)[1].lstrip(".").lower()
+    if suffix not in PLOT_FORMATS:
+        raise argparse.ArgumentTypeError(f"{text}: name the format by the suffix: .png, .svg or .pdf")
+    return text
+
+
+def _plot(path: str, sw, threshold: float, title: str) -> None:
+    """Left: the gate's precision/recall@6 and cache pick rate by threshold; right: verify
+    cycles per 1k tokens of hvd by threshold beside the baselines. A dotted line marks the
+    calibrated (or --threshold) threshold on both."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = [e["threshold"] for e in sw.gate_curve]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig.suptitle(title)
     a.plot(t, [e["precision_at_6"] for e in sw.gate_curve], "o-", label="precision@6")
     a.plot(t, [e["recall_at_6"] for e in sw.gate_curve], "s-", label="recall@6")
     a.plot(t, [e["cache_pick_rate"] for e in sw.gate_curve], "^-", label="cache pick rate")
     a.set_xlabel("threshold on predicted accept_len")
-    a.legend()
-    b.plot(t, [e["cycles_per_1k"] for e in sw.gate_curve], "o-", label="hvd")
+    a.set_ylabel("share (0 to 1)")
+    a.set_ylim(-0.05, 1.05)
+    a.set_title("gate quality for drafts accepted >= 6", fontsize=10)
+    b.plot(t, [e["cycles_per_1k"] for e in sw.gate_curve], "o-", label="hvd", color="C0")
+    values = [e["cycles_per_1k"] for e in sw.gate_curve]
     for name, e in sw.baselines.items():
         if name != "greedy":
-            b.axhline(e["cycles_per_1k"], linestyle="--", linewidth=1, label=name, color={"eagle3_only": "C1", "cache_only": "C2", "oracle": "C3"}.get(name))
+            values.append(e["cycles_per_1k"])
+            b.axhline(e["cycles_per_1k"], linestyle="--", linewidth=1, label=name,
+                      color={"eagle3_only": "C1", "cache_only": "C2", "oracle": "C3"}.get(name))
+    low, high = min(values), max(values)
+    pad = 0.08 * (high - low) if high > low else 0.05 * max(abs(high), 1.0)
+    b.set_ylim(low - pad, high + pad)  # every line inside the frame, the oracle's too
     b.set_xlabel("threshold on predicted accept_len")
-    b.set_ylabel("verify cycles per 1k tokens")
-    b.legend()
+    b.set_ylabel("verify cycles per 1k tokens (lower is better)")
+    b.set_title("decode cycles by threshold", fontsize=10)
+    for ax in (a, b):
+        ax.axvline(threshold, color="0.35", linestyle=":", linewidth=1.5, label=f"chosen threshold {threshold:g}")
+        ax.legend(fontsize=8)
     fig.tight_layout()
+    fmt = os.path.splitext(path)[1].lstrip(".").lower()
     with atomic_output(path, text=False) as f:  # nothing half-written if the run fails
-        fig.savefig(f, dpi=110, format="png")
+        fig.savefig(f, dpi=110, format=fmt)
     plt.close(fig)

@@ -8,14 +8,58 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import re
 from typing import Any, TypeVar
 
 from ..drafter.protocol import DrafterConfig
 from ..errors import HvdInputError
 from ..verify import VerifyModel
 from ..verify import Eagle3Curve, VerifyShape
+from .common import float_in, float_list_in, int_in
 
 T = TypeVar("T")
+
+# Parse-time upper bounds of the numeric flags generated from config dataclasses, by field
+# name: argparse refuses NaN, inf and absurd values, naming the flag; the lower bounds are the
+# dataclasses' own checks (dataclass_from_flags names the flag too), run before any work.
+BIG = 10**12
+FIELD_MAX: dict[str, float] = {
+    # DrafterConfig
+    "max_depth": 4096, "max_spec_tokens": 4096, "max_spec_factor": 1024.0, "max_spec_offset": 4096.0,
+    "min_token_prob": 1.0, "global_max_tokens": BIG, "max_occurrences": BIG, "max_scan": BIG,
+    # CostModel (per verify cycle, 1.0 = one target forward)
+    "greedy": 1e6, "eagle3": 1e6, "cache": 1e6, "cache_per_token": 1e6,
+}
+# The verify shape. SGLang serves topk and steps of a few (the worker's tree rows hold at most
+# 63 draft nodes, policy.MAX_TREE_NODES); replay also studies wider chains (a 64-token draft needs 65 nodes).
+MAX_TOPK, MAX_STEPS, MAX_VERIFY_NODES = 64, 64, 1025
+MAX_EAGLE3_TOKENS = float(MAX_STEPS + 1)  # tokens per EAGLE3 verify, the bonus included: at most steps + 1
+# Thresholds on the gate's predicted accept_len (its labels are clipped at 64) and constants of
+# the score rule (a draft's score sums at most max_spec_tokens probabilities).
+GATE_THRESHOLD_RANGE, RULE_THRESHOLD_RANGE = (0.0, 64.0), (0.0, 4096.0)
+row_nodes = int_in(0, MAX_VERIFY_NODES - 1)  # nodes of a row given to one branch (--eagle-reserve, --cache-siblings)
+gate_threshold = float_in(*GATE_THRESHOLD_RANGE, what="a threshold on predicted accept_len")
+rule_threshold = float_in(*RULE_THRESHOLD_RANGE, what="a score-rule constant")
+gate_thresholds = float_list_in(*GATE_THRESHOLD_RANGE)
+rule_thresholds = float_list_in(*RULE_THRESHOLD_RANGE)
+
+
+def _at_most(kind: type, high: float):
+    """An argparse type: an integer, or a finite float, no larger than ``high``."""
+    wanted = f"an integer <= {high:g}" if kind is int else f"a finite number <= {high:g}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not (abs(value) < math.inf and value <= high):  # NaN fails both
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {value:g}")
+        return value
+
+    parse.__name__ = f"{kind.__name__}_at_most"
+    return parse
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str, prefix: str = "",
@@ -24,13 +68,33 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str, 
     for f in dataclasses.fields(cls):
         if f.name in skip or "help" not in f.metadata:
             continue
-        flag = "--" + (prefix + "-" if prefix else "") + f.name.replace("_", "-")
+        flag = _flag(prefix, f.name)
         kind = type(f.default)
         if kind not in (int, float, str):
             continue
-        group.add_argument(flag, dest=_dest(prefix, f.name), type=kind, default=f.default,
+        group.add_argument(flag, dest=_dest(prefix, f.name), type=_field_type(f.name, kind), default=f.default,
                            metavar={int: "N", float: "X", str: "TEXT"}[kind],
                            help=f.metadata["help"] + " (default: %(default)s)")
+
+
+def _field_type(name: str, kind: type):
+    return str if kind is str else _at_most(kind, FIELD_MAX.get(name, BIG))
+
+
+def eagle3_curve_text(text: str) -> str:
+    """An argparse type: a valid ``NODES:TOKENS,...`` curve (finite tokens in [1,
+    MAX_EAGLE3_TOKENS], nodes in [1, MAX_VERIFY_NODES - 1]), returned as given."""
+    try:
+        curve = Eagle3Curve.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    for nodes, tokens in curve.points:
+        if not 1 <= nodes < MAX_VERIFY_NODES:
+            raise argparse.ArgumentTypeError(f"point {nodes}:{tokens:g}: nodes must be in [1, {MAX_VERIFY_NODES - 1}]")
+        if not 1.0 <= tokens <= MAX_EAGLE3_TOKENS:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"point {nodes}:{tokens:g}: tokens must be a number in "
+                                             f"[1, {MAX_EAGLE3_TOKENS:g}] (the bonus token included)")
+    return text
 
 
 def _dest(prefix: str, name: str) -> str:
@@ -42,8 +106,14 @@ def dataclass_from_flags(cls: type[T], args: argparse.Namespace, prefix: str = "
               if hasattr(args, _dest(prefix, f.name))}
     try:
         return cls(**values, **extra)
-    except ValueError as e:
-        raise HvdInputError(str(e)) from None
+    except ValueError as e:  # name the flags of the fields the message names
+        flags = [_flag(prefix, f.name) for f in dataclasses.fields(cls)
+                 if hasattr(args, _dest(prefix, f.name)) and re.search(rf"\b{f.name}\b", str(e))]
+        raise HvdInputError(f"{'/'.join(flags)}: {e}" if flags else str(e)) from None
+
+
+def _flag(prefix: str, name: str) -> str:
+    return "--" + (prefix + "-" if prefix else "") + name.replace("_", "-")
 
 
 def add_drafter_flags(parser: argparse.ArgumentParser) -> None:
@@ -101,14 +171,19 @@ def add_verify_flags(parser: argparse.ArgumentParser, gate_default: str = "",
         ("nodes", shape.nodes, "tokens per verify row incl. the root, SGLang --speculative-num-draft-tokens; "
                                "a cache draft is checked up to N - 1 tokens per verify"),
     ):
-        group.add_argument(f"--verify-{name}", type=int, metavar="N", help=help_text + default(value))
-    group.add_argument("--eagle3-curve", metavar="NODES:TOKENS,...",
+        low = 2 if name == "nodes" else 1
+        high = {"topk": MAX_TOPK, "steps": MAX_STEPS, "nodes": MAX_VERIFY_NODES}[name]
+        group.add_argument(f"--verify-{name}", type=int_in(low, high), metavar="N",
+                           help=help_text + f", {low} to {high}" + default(value))
+    group.add_argument("--eagle3-curve", type=eagle3_curve_text, metavar="NODES:TOKENS,...",
                        help="EAGLE3 tokens per verify (bonus included) by the draft nodes it verifies, linear in "
                             "between; measure yours with an EAGLE3-only server at each --speculative-num-draft-tokens"
                             + default(curve.text() + ": 1.75 at a 3-token chain is the HVD paper's figure, the tree "
                                       "points are assumed; see sglang_hvd/verify.py"))
-    group.add_argument("--eagle3-mean", type=float, metavar="TOKENS",
-                       help="a flat EAGLE3 model instead of the curve: TOKENS per verify at any node count >= 1")
+    group.add_argument("--eagle3-mean", type=float_in(1.0, MAX_EAGLE3_TOKENS, what="tokens per verify"),
+                       metavar="TOKENS",
+                       help="a flat EAGLE3 model instead of the curve: TOKENS per verify (1 to "
+                            f"{MAX_EAGLE3_TOKENS:g}, the bonus token included) at any node count >= 1")
 
 
 def verify_model_from_flags(args: argparse.Namespace, base: VerifyModel | None = None) -> VerifyModel:

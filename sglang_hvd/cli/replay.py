@@ -8,7 +8,7 @@ import dataclasses
 import itertools
 
 from ..gate import Gate
-from ..jsonl import atomic_output, dump_line, write_json
+from ..jsonl import atomic_output, dump_line, open_text, write_json
 from ..replay.metrics import COLUMNS, table_row
 from ..replay.policies import BASELINES, POLICY_FACTORIES, PolicyOptions, make_policies
 from ..replay.simulate import DraftQuality, dense_quality, simulate
@@ -16,7 +16,7 @@ from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
 from ..errors import HvdInputError
 from .common import add_examples, FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, positive_int
-from .options import add_drafter_flags, add_verify_flags, drafter_from_flags, verify_model_from_flags
+from .options import add_drafter_flags, add_verify_flags, drafter_from_flags, rule_thresholds, verify_model_from_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serving: policy table; dense: draft quality at every position (default: %(default)s)")
     p.add_argument("--policies", metavar="P1,P2", default=",".join(BASELINES),
                    help=f"comma-separated policies from {', '.join(POLICY_FACTORIES)} (default: %(default)s)")
-    p.add_argument("--rule-threshold", default="1,3,6", metavar="C[,C...]",
+    p.add_argument("--rule-threshold", type=rule_thresholds, default="1,3,6", metavar="C[,C...]",
                    help="score threshold(s) of the rule policy, one rule@C row each (default: %(default)s)")
     p.add_argument("--gate", metavar="GATE_DIR",
                    help="a gate from `hvd train`, for the hvd policy; its decision rule, drafter settings, verify shape "
@@ -63,14 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_thresholds(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise HvdInputError(f"--rule-threshold: expected numbers like 1,3,6, got {text!r}") from None
-    if not values:
-        raise HvdInputError("--rule-threshold: give at least one number")
-    return values
+def _count_lines(paths) -> int:
+    """Non-blank lines of the trace files: the requests to replay, for the progress total (a
+    malformed line is reported by iter_traces, which reads the files next)."""
+    n = 0
+    for path in paths:
+        try:
+            with open_text(path) as f:
+                n += sum(1 for line in f if line.strip())
+        except (OSError, EOFError, UnicodeDecodeError, ValueError):
+            pass  # iter_traces says what is wrong with the file, with its line
+    return n
 
 
 def _step_json(step) -> dict:
@@ -90,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     gate = Gate(args.gate) if args.gate else None
     drafter = drafter_from_flags(args, gate.drafter_config if gate else None)
     model = verify_model_from_flags(args, gate.verify_model if gate else None)
-    options = PolicyOptions(rule_thresholds=_parse_thresholds(args.rule_threshold), eagle3_tokens=model.eagle3_tokens,
+    options = PolicyOptions(rule_thresholds=args.rule_threshold, eagle3_tokens=model.eagle3_tokens,
                             gate=gate)
     try:
         policies = make_policies([n.strip() for n in args.policies.split(",") if n.strip()], options)
@@ -105,7 +108,8 @@ def main(args: argparse.Namespace) -> int:
 
     with (atomic_output(args.steps) if args.steps else contextlib.nullcontext()) as steps_file:
         write_step = (lambda s: steps_file.write(dump_line(_step_json(s)))) if steps_file else None
-        bar = progress(desc="replay", unit="req")
+        total = _count_lines(args.traces)
+        bar = progress(total=min(total, args.limit) if args.limit else total, desc="replay", unit="req")
         with bar:
             if args.mode == "dense":
                 quality, seconds = dense_quality(_ticking(records, bar), drafter, on_step=write_step)

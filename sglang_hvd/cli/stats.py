@@ -9,7 +9,7 @@ from ..report import format_table, progress
 from ..stats import RepetitionProfiler
 from ..trace import ReadReport, iter_traces
 from ..errors import HvdInputError
-from .common import add_examples, add_json_flag, add_skip_invalid_flag, cli_entry, positive_int
+from .common import add_examples, add_json_flag, add_skip_invalid_flag, cli_entry, int_in
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token trace files (.jsonl or .jsonl.gz)")
-    p.add_argument("--match-len", type=positive_int, metavar="N", default=4, help="match length of the repetition profile (default: %(default)s)")
+    p.add_argument("--match-len", type=int_in(1, 4096), metavar="N", default=4,
+                   help="match length of the repetition profile, 1 to 4096 (default: %(default)s)")
     add_skip_invalid_flag(p)
     add_json_flag(p)
     add_examples(

@@ -11,7 +11,7 @@ from ..errors import HvdInputError
 from ..jsonl import write_json
 from ..report import format_table
 from ..serving.status import fleet_status
-from .common import add_examples, add_json_flag, cli_entry
+from .common import add_examples, add_json_flag, cli_entry, seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("servers", nargs="+", metavar="URL", help="server base URL, e.g. http://10.0.0.5:30000")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per request (default: %(default)s)")
+    p.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS",
+                   help="per request (default: %(default)s)")
     add_json_flag(p)
     add_examples(
         p,

@@ -9,7 +9,7 @@ from ..errors import HvdInputError
 from ..jsonl import write_json
 from ..report import format_table
 from ..synth.workload import KINDS, SynthConfig, write_workload
-from .common import add_examples, FOLDER, add_json_flag, cli_entry, declare_outputs, positive_int
+from .common import MAX_SESSIONS, FOLDER, add_examples, add_json_flag, cli_entry, declare_outputs, int_in, seed
 
 
 DEFAULTS = SynthConfig()
@@ -25,13 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write into (created if missing)")
-    p.add_argument("--sessions", type=positive_int, metavar="N", default=DEFAULTS.sessions,
+    p.add_argument("--sessions", type=int_in(1, MAX_SESSIONS), metavar="N", default=DEFAULTS.sessions,
                    help="number of sessions, spread round-robin over the kinds (default: %(default)s)")
-    p.add_argument("--seed", type=int, metavar="N", default=DEFAULTS.seed, help="random seed; same seed, same files (default: %(default)s)")
+    p.add_argument("--seed", type=seed, metavar="N", default=DEFAULTS.seed,
+                   help="random seed; same seed, same files (default: %(default)s)")
     p.add_argument("--kinds", metavar="K1,K2", default=",".join(KINDS),
                    help="comma-separated session kinds from: tools, config, code, chat (default: all)")
-    p.add_argument("--vocab-size", type=positive_int, metavar="N", default=DEFAULTS.vocab_size,
-                   help="vocabulary size of the trained tokenizer (default: %(default)s)")
+    p.add_argument("--vocab-size", type=int_in(300, 65536), metavar="N", default=DEFAULTS.vocab_size,
+                   help="vocabulary size of the trained tokenizer, 300 to 65536 (default: %(default)s)")
     add_json_flag(p)
     declare_outputs(p, output=FOLDER)
     add_examples(
