@@ -27,17 +27,17 @@ from sglang_hvd.verify import VerifyModel
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dataset:
-    features: np.ndarray  # [rows, F] float32
-    accept_len: np.ndarray  # [rows] float32 labels
-    draft_len: np.ndarray  # [rows] int32
-    conv_ids: np.ndarray  # [rows] object (str)
-    sources: np.ndarray  # [rows] object (str)
+    features: np.ndarray  # [examples, F] float32
+    accept_len: np.ndarray  # [examples] float32 labels
+    draft_len: np.ndarray  # [examples] int32
+    conv_ids: np.ndarray  # [examples] object (str)
+    sources: np.ndarray  # [examples] object (str)
 
     def __len__(self) -> int:
         return len(self.accept_len)
 
 
-ROW_MODES = ("dense", "serving")
+POSITION_MODES = ("dense", "serving")
 
 
 class _Recorder:
@@ -64,7 +64,7 @@ class _Recorder:
         return self.inner.plan(view)
 
 
-def _serving_rows(records, drafter, extractor, model, bar, siblings=0):
+def _serving_examples(records, drafter, extractor, model, bar, siblings=0):
     """Examples at the positions serving walks visit, with the history those walks build.
 
     Behaviour policies: cache_only, eagle3_only (drafting, never verifying drafts), the
@@ -84,34 +84,34 @@ def _serving_rows(records, drafter, extractor, model, bar, siblings=0):
                np.array(dlen, dtype=np.int32))
 
 
-def _dense_rows(records, drafter, extractor, model, bar):
+def _dense_examples(records, drafter, extractor, model, bar):
     for req in iter_labelled(records, drafter, extractor):
         bar.update(len(req.record.output_ids))
         yield req.record, req.features, np.minimum(req.accept_len, model.shape.draft_nodes), req.draft_len
 
 
 def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_config: DrafterConfig,
-                  token_flags: np.ndarray, desc: str = "features", rows: str = "dense",
+                  token_flags: np.ndarray, desc: str = "features", positions: str = "dense",
                   model: VerifyModel | None = None, siblings: int = 0) -> Dataset:
     """Replay ``records`` in order (one shared drafter) and label cache drafts.
 
-    rows="dense": every non-empty draft at every output position (the paper's mode).
-    rows="serving": the drafts met by serving walks of behaviour policies (_serving_rows).
+    positions="dense": every non-empty draft at every output position (the paper's mode).
+    positions="serving": the drafts met by serving walks of behaviour policies (_serving_examples).
     """
-    if rows not in ROW_MODES:
-        raise ValueError(f"rows must be one of {ROW_MODES}, got {rows!r}")
-    if siblings and rows != "serving":
-        raise ValueError("dense rows are labelled with the chain's payoff only: "
-                         "with --rows dense pass --cache-siblings 0 "
-                         "(or use --rows serving, whose labels are the row tree's payoff)")
+    if positions not in POSITION_MODES:
+        raise ValueError(f"positions must be one of {POSITION_MODES}, got {positions!r}")
+    if siblings and positions != "serving":
+        raise ValueError("dense positions are labelled with the chain's payoff only: "
+                         "with --positions dense pass --cache-siblings 0 "
+                         "(or use --positions serving, whose labels are the row tree's payoff)")
     extractor = FeatureExtractor(token_flags, drafter_config)
     drafter = create_drafter(drafter_name, drafter_config)
     feats, labels, dlen, convs, sources = [], [], [], [], []
     with progress(total=sum(len(r.output_ids) for r in records), desc=desc, unit="tok") as bar:
-        if rows == "dense":
-            stream = _dense_rows(records, drafter, extractor, model or VerifyModel(), bar)
+        if positions == "dense":
+            stream = _dense_examples(records, drafter, extractor, model or VerifyModel(), bar)
         else:
-            stream = _serving_rows(records, drafter, extractor, model or VerifyModel(), bar, siblings)
+            stream = _serving_examples(records, drafter, extractor, model or VerifyModel(), bar, siblings)
         for record, x, y, d in stream:
             feats.append(x)
             labels.append(y)

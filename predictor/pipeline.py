@@ -10,18 +10,23 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from sglang_hvd import __version__
+from sglang_hvd.cost import CostModel
+from sglang_hvd.decision import DecisionRule
 from sglang_hvd.drafter import DrafterConfig
 from sglang_hvd.drafter.native_drafter import default_drafter_name
 from sglang_hvd.gate import Gate
 from sglang_hvd.gate_spec import GateSpec, GateSplit
-from sglang_hvd.cost import CostModel
-from sglang_hvd.decision import DecisionRule
-from sglang_hvd.verify import VerifyModel
 from sglang_hvd.replay.metrics import HIGH_PAYOFF_ACCEPT_LEN
-from sglang_hvd.replay.sweep import (DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS, default_cache_siblings,
-                                    default_reserves, sweep)
+from sglang_hvd.replay.sweep import (
+    DEFAULT_GATE_THRESHOLDS,
+    DEFAULT_RULE_THRESHOLDS,
+    default_cache_siblings,
+    default_reserves,
+    sweep,
+)
 from sglang_hvd.report import Ticking, progress
 from sglang_hvd.trace import TokenizerId, TraceRecord
+from sglang_hvd.verify import VerifyModel
 
 from .dataset import build_dataset, records_digest
 from .export import to_onnx, write_gate_dir
@@ -36,7 +41,7 @@ class TrainOptions:
     split_seed: int = 0
     split_by: str = "conversation"  # split.GROUPINGS
     model: TrainConfig = TrainConfig()
-    rows: str = "serving"  # which drafts become training rows: dataset.ROW_MODES
+    positions: str = "serving"  # where training examples are taken: dataset.POSITION_MODES
     drafter_name: str = dataclasses.field(default_factory=default_drafter_name)
     drafter: DrafterConfig = DrafterConfig()
     verify: VerifyModel = VerifyModel()
@@ -55,9 +60,9 @@ class TrainOptions:
             raise ValueError("validation and test fractions must be in [0, 1) and sum to less than 1")
         if self.cache_siblings and not self.verify.shape.allows_branches:
             raise ValueError(f"cache siblings need tree rows (topk > 1); the shape is {self.verify.shape.describe()}")
-        if self.cache_siblings and self.rows != "serving":
-            raise ValueError("dense rows are labelled with the chain's payoff only: with --rows dense pass "
-                             "--cache-siblings 0 (or use --rows serving, whose labels are the row tree's payoff)")
+        if self.cache_siblings and self.positions != "serving":
+            raise ValueError("dense positions are labelled with the chain's payoff only: with --positions dense pass "
+                             "--cache-siblings 0 (or use --positions serving, whose labels are the row tree's payoff)")
 
 
 def _high_payoff(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
@@ -73,8 +78,8 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     import torch
 
     t0 = time.perf_counter()
-    # dense rows carry chain labels only: their gates verify chains unless told otherwise (and then refused)
-    default = default_cache_siblings(opts.verify.shape) if opts.rows == "serving" else 0
+    # dense positions carry chain labels only: their gates verify chains unless told otherwise (and then refused)
+    default = default_cache_siblings(opts.verify.shape) if opts.positions == "serving" else 0
     siblings = default if opts.cache_siblings is None else opts.cache_siblings
     if siblings and not opts.verify.shape.allows_branches:
         raise ValueError(f"cache siblings need tree rows (topk > 1); the shape is {opts.verify.shape.describe()}")
@@ -86,9 +91,9 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     log(f"split by {opts.split_by}: {len(parts[TRAIN])} train, {len(parts[VALIDATION])} validation, "
         f"{len(parts[TEST])} held-out test requests")
     train = build_dataset(parts[TRAIN], opts.drafter_name, opts.drafter, token_flags, desc="label train",
-                          rows=opts.rows, model=opts.verify, siblings=siblings)
+                          positions=opts.positions, model=opts.verify, siblings=siblings)
     val = build_dataset(parts[VALIDATION], opts.drafter_name, opts.drafter, token_flags, desc="label validation",
-                        rows=opts.rows, model=opts.verify, siblings=siblings)
+                        positions=opts.positions, model=opts.verify, siblings=siblings)
     if len(train) == 0 or len(val) == 0:
         raise ValueError("no cache drafts to learn from (the traces never repeat themselves?)")
     t_label = time.perf_counter()
@@ -107,7 +112,7 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
         "labels": f"row tree payoff: the chain and up to {siblings} siblings" if siblings else "chain payoff",
         "model": {"hidden": list(opts.model.hidden), "loss": "mse", "epochs": fit.epochs, "best_epoch": fit.best_epoch,
                   "seed": opts.model.seed},
-        "training": {"rows_mode": opts.rows, "digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]),
+        "training": {"positions": opts.positions, "digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]),
                      "rows": len(train), "validation_requests": len(parts[VALIDATION]), "validation_rows": len(val)},
         "validation": {"mse": fit.validation_mse[fit.best_epoch - 1], **_high_payoff(val_pred, val.accept_len)},
         "sglang_hvd_version": __version__,

@@ -9,23 +9,40 @@ from __future__ import annotations
 
 import argparse
 
-from sglang_hvd.cli.common import (MAX_EPOCHS, GATE_FOLDER, add_examples, add_json_flag, add_skip_invalid_flag,
-                                   cli_entry, declare_outputs, float_in, int_in, seed)
+from sglang_hvd.cli.common import (
+    GATE_FOLDER,
+    MAX_EPOCHS,
+    add_examples,
+    add_json_flag,
+    add_skip_invalid_flag,
+    cli_entry,
+    declare_outputs,
+    float_in,
+    int_in,
+    seed,
+)
 from sglang_hvd.cli.eval import at_6
-from sglang_hvd.cli.options import (add_dataclass_flags, add_drafter_flags, add_verify_flags, dataclass_from_flags,
-                                    gate_threshold, gate_thresholds, row_nodes, rule_thresholds,
-                                    verify_model_from_flags)
+from sglang_hvd.cli.options import (
+    add_dataclass_flags,
+    add_drafter_flags,
+    add_verify_flags,
+    dataclass_from_flags,
+    gate_threshold,
+    gate_thresholds,
+    row_nodes,
+    rule_thresholds,
+    verify_model_from_flags,
+)
+from sglang_hvd.cost import CostModel
 from sglang_hvd.drafter.protocol import DrafterConfig
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.jsonl import write_json
-from sglang_hvd.cost import CostModel
 from sglang_hvd.replay.sweep import DEFAULT_GATE_THRESHOLDS, DEFAULT_RULE_THRESHOLDS
 from sglang_hvd.report import format_table
 from sglang_hvd.tokenizer import ChatTokenizer, resolve_tokenizer_dir
 from sglang_hvd.trace import ReadReport, iter_traces, single_tokenizer
 
 from .split import GROUPINGS
-
 
 validation_share = float_in(0.0, 1.0, low_open=True, high_open=True, what="a fraction")  # (0, 1)
 test_share = float_in(0.0, 1.0, high_open=True, what="a fraction")  # [0, 1)
@@ -50,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
             "validation / optional held-out test), replay them to label cache drafts with their true accepted "
             "length at that shape (the draft's longest prefix the recorded output repeats: what verify accepts; "
             "record at your serving temperature and top-p, or the labels overstate sampled acceptance) (by default the drafts met where serving walks of baseline policies stand; "
-            "--rows dense: every output position), fit an MLP with MSE (torch, CPU), calibrate the decision rule "
+            "--positions dense: every output position), fit an MLP with MSE (torch, CPU), calibrate the decision rule "
             "(threshold and EAGLE3 reserve) on validation replay by modelled decode time, check the ONNX export "
             "against torch, and write GATE_DIR with gate.onnx, gate.json, token_flags.npy and metrics.json. "
             "Needs the `train` extra (torch, onnx)."
@@ -75,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "unseen tasks (default: %(default)s)")
     p.add_argument("--seed", type=seed, metavar="N", default=0,
                    help="seed of the split and of training (default: %(default)s)")
-    p.add_argument("--rows", choices=("dense", "serving"), default="serving",
-                   help="training rows: dense = a draft at every output position (the paper's mode); serving = the "
-                        "drafts met at the positions serving walks visit (default: %(default)s)")
+    p.add_argument("--positions", choices=("dense", "serving"), default="serving",
+                   help="where training examples are taken: dense = a draft at every output position (the paper's "
+                        "mode); serving = the drafts met at the positions serving walks visit (default: %(default)s)")
     p.add_argument("--hidden", type=hidden_sizes, metavar="W1,W2", default="64,64",
                    help="hidden layer sizes of the MLP, 1 to 8 layers of 1 to 4096; 2x64 scores like 2x256 here at "
                         "a quarter of the latency (default: %(default)s)")
@@ -95,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
     p.add_argument("--cache-siblings", type=row_nodes, metavar="S",
                    help="tree-draft nodes a cache row may add to its chain, taken from EAGLE3's share; the labels are "
-                        "that row's payoff and the gate's tree features describe its siblings (topk > 1, --rows serving; "
-                        "default: 4, and 0 at topk 1 or with --rows dense)")
+                        "that row's payoff and the gate's tree features describe its siblings (topk > 1, --positions serving; "
+                        "default: 4, and 0 at topk 1 or with --positions dense)")
     p.add_argument("--gate-thresholds", type=gate_thresholds, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds tried by calibration (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     p.add_argument("--rule-thresholds", type=rule_thresholds, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
@@ -188,7 +205,7 @@ def _options(args: argparse.Namespace, train_config: type, train_options: type):
     try:
         return train_options(
             validation_fraction=args.validation_fraction, test_fraction=args.test_fraction, split_seed=args.seed,
-            split_by=args.split_by, model=model, rows=args.rows, drafter_name=args.drafter,
+            split_by=args.split_by, model=model, positions=args.positions, drafter_name=args.drafter,
             drafter=dataclass_from_flags(DrafterConfig, args), verify=verify,
             costs=dataclass_from_flags(CostModel, args, prefix="cost"), threshold=args.threshold,
             eagle_reserve=args.eagle_reserve, cache_siblings=args.cache_siblings,

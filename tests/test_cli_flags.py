@@ -13,13 +13,11 @@ import sys
 
 import pytest
 
+from conftest import qwen_tokenizer_dir
 from sglang_hvd.cli.common import help_examples, positive_int
 from sglang_hvd.cli.main import COMMANDS, command
 from sglang_hvd.cli.main import main as hvd
-from sglang_hvd.errors import HvdInputError
 from sglang_hvd.report import LineProgress, Ticking
-
-from conftest import qwen_tokenizer_dir
 
 UNBOUNDED = {"--limit"}  # "at most N": any positive count is meaningful
 
@@ -86,9 +84,9 @@ def test_the_newcomers_values_are_refused_with_the_flag_named(capsys):
      "--validation-fraction 0.6 + --test-fraction 0.5 leave nothing to train on; make their sum below 1"),
     (["--cache-siblings", "2", "--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "4"],
      "cache siblings need tree rows (topk > 1); the shape is topk 1, steps 3, 4 nodes"),
-    (["--rows", "dense", "--cache-siblings", "2"],
-     "dense rows are labelled with the chain's payoff only: with --rows dense pass --cache-siblings 0 "
-     "(or use --rows serving, whose labels are the row tree's payoff)"),
+    (["--positions", "dense", "--cache-siblings", "2"],
+     "dense positions are labelled with the chain's payoff only: with --positions dense pass --cache-siblings 0 "
+     "(or use --positions serving, whose labels are the row tree's payoff)"),
     (["--max-depth", "1"], "--max-depth: max_depth must be >= 2, got 1"),
     (["--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "9"],
      "--verify-topk/--verify-steps/--verify-nodes: with topk 1 a verify row is a chain: nodes must be steps + 1 = 4, "

@@ -163,10 +163,10 @@ def test_eval_and_train_refuse_bad_inputs(demo_dir, tmp_path, capsys):
     assert "the traces were tokenized with hvd-synth-bpe@" in err and "pass the tokenizer used by `hvd import`" in err
     assert not (tmp_path / "g").exists()
     tok = os.path.join(demo_dir, "tokenizer")
-    # dense rows are labelled with the chain's payoff: siblings are refused with them, and off by default
-    assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "d"), "--rows", "dense",
+    # dense positions are labelled with the chain's payoff: siblings are refused with them, and off by default
+    assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "d"), "--positions", "dense",
                 "--cache-siblings", "2"]) == 2
-    assert "with --rows dense pass --cache-siblings 0" in capsys.readouterr().err
+    assert "with --positions dense pass --cache-siblings 0" in capsys.readouterr().err
     assert hvd(["train", traces, "--tokenizer", tok, "-o", str(tmp_path / "g1"), "--cache-siblings", "2",
                 "--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "4"]) == 2
     assert "cache siblings need tree rows (topk > 1); the shape is topk 1, steps 3, 4 nodes" in capsys.readouterr().err
@@ -228,12 +228,12 @@ def test_training_labels_are_the_payoff_of_the_row_the_decision_verifies():
                     output_ids=token_array([4, 7, 5]))
     model, flags = VerifyModel(VerifyShape(4, 3, 16)), np.zeros(20, np.uint16)
     cfg = DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0)
-    chain = build_dataset([r], "python", cfg, flags, rows="serving", model=model)
-    tree = build_dataset([r], "python", cfg, flags, rows="serving", model=model, siblings=4)
+    chain = build_dataset([r], "python", cfg, flags, positions="serving", model=model)
+    tree = build_dataset([r], "python", cfg, flags, positions="serving", model=model, siblings=4)
     # the first rows: the four behaviour policies' views of position 0
     assert chain.accept_len[:4].tolist() == [0, 0, 0, 0] and tree.accept_len[:4].tolist() == [2, 2, 2, 2]
-    with pytest.raises(ValueError, match="with --rows dense pass --cache-siblings 0"):
-        build_dataset([r], "python", cfg, flags, rows="dense", model=model, siblings=4)
+    with pytest.raises(ValueError, match="with --positions dense pass --cache-siblings 0"):
+        build_dataset([r], "python", cfg, flags, positions="dense", model=model, siblings=4)
 
 
 def test_task_split_keeps_every_trial_of_a_task_on_one_side():

@@ -12,8 +12,18 @@ from ..importer import THINKING_MODES, ImportOptions
 from ..jsonl import write_json
 from ..report import format_table, progress
 from ..tokenizer import ChatTokenizer, resolve_tokenizer_dir
-from .common import (FILE, add_examples, add_json_flag, cli_entry, declare_outputs, int_in, positive_int, seconds,
-                     temperature, top_p)
+from .common import (
+    FILE,
+    add_examples,
+    add_json_flag,
+    cli_entry,
+    declare_outputs,
+    int_in,
+    positive_int,
+    seconds,
+    temperature,
+    top_p,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

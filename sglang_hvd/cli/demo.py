@@ -14,8 +14,17 @@ import time
 
 from ..errors import HvdInputError
 from ..jsonl import write_json
-from .common import (MAX_EPOCHS, MAX_SESSIONS, FOLDER, add_examples, add_json_flag, cli_entry, declare_outputs, int_in,
-                     seed)
+from .common import (
+    FOLDER,
+    MAX_EPOCHS,
+    MAX_SESSIONS,
+    add_examples,
+    add_json_flag,
+    cli_entry,
+    declare_outputs,
+    int_in,
+    seed,
+)
 from .main import command
 
 
@@ -53,7 +62,7 @@ def drafter_line() -> str:
 
     if native_drafter.native_available():
         return "drafter: native (the C++ extension)"
-    reason = getattr(native_drafter, "_IMPORT_ERROR", "") or "not importable"
+    reason = native_drafter.native_import_error() or "not importable"
     return ("drafter: python, the slow fallback (10-40x slower than native): the native C++ extension was not "
             f"built ({reason}); to fix, install g++ (a C++17 compiler) and reinstall sglang-hvd")
 

@@ -5,22 +5,34 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..decision import DecisionRule
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import atomic_output, write_json
-from ..decision import DecisionRule
 from ..replay.metrics import COLUMNS, HIGH_PAYOFF_ACCEPT_LEN, table_row
 from ..replay.policies import GatePolicy, PolicyOptions, make_policies
 from ..replay.simulate import simulate
 from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, gate_metrics, sweep
 from ..report import Ticking, format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
-from .common import (add_examples, FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs,
+from .common import (
+    FILE,
+    add_examples,
+    add_json_flag,
+    add_skip_invalid_flag,
+    cli_entry,
+    declare_outputs,
 )
-from .options import (add_verify_flags, gate_threshold, gate_thresholds, row_nodes, rule_threshold,
-                      verify_model_from_flags)
+from .options import (
+    add_verify_flags,
+    gate_threshold,
+    gate_thresholds,
+    row_nodes,
+    rule_threshold,
+    verify_model_from_flags,
+)
 
 POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
 TREE_POLICIES = ("cache_tree", "tree_oracle")  # at topk > 1, where rows hold trees

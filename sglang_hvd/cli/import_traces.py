@@ -14,7 +14,7 @@ from ..jsonl import open_text, write_json
 from ..report import format_table, progress
 from ..tokenizer import ChatTokenizer, resolve_tokenizer_dir
 from ..trace import TraceWriter
-from .common import add_examples, FILE, add_json_flag, cli_entry, declare_outputs, positive_int
+from .common import FILE, add_examples, add_json_flag, cli_entry, declare_outputs, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,8 +14,7 @@ from typing import Any, TypeVar
 
 from ..drafter.protocol import DrafterConfig
 from ..errors import HvdInputError
-from ..verify import VerifyModel
-from ..verify import Eagle3Curve, VerifyShape
+from ..verify import Eagle3Curve, VerifyModel, VerifyShape
 from .common import float_in, float_list_in, int_in
 
 T = TypeVar("T")
@@ -32,7 +31,7 @@ FIELD_MAX: dict[str, float] = {
     "greedy": 1e6, "eagle3": 1e6, "cache": 1e6, "cache_per_token": 1e6,
 }
 # The verify shape. SGLang serves topk and steps of a few (the worker's tree rows hold at most
-# 63 draft nodes, policy.MAX_TREE_NODES); replay also studies wider chains (a 64-token draft needs 65 nodes).
+# 63 draft nodes, verify.MAX_TREE_NODES); replay also studies wider chains (a 64-token draft needs 65 nodes).
 MAX_TOPK, MAX_STEPS, MAX_VERIFY_NODES = 64, 64, 1025
 MAX_EAGLE3_TOKENS = float(MAX_STEPS + 1)  # tokens per EAGLE3 verify, the bonus included: at most steps + 1
 # Thresholds on the gate's predicted accept_len (its labels are clipped at 64) and constants of

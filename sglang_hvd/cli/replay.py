@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import itertools
 
+from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import atomic_output, dump_line, open_text, write_json
 from ..replay.metrics import COLUMNS, table_row
@@ -14,8 +15,7 @@ from ..replay.policies import BASELINES, POLICY_FACTORIES, PolicyOptions, make_p
 from ..replay.simulate import DraftQuality, dense_quality, simulate
 from ..report import format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
-from ..errors import HvdInputError
-from .common import add_examples, FILE, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, positive_int
+from .common import FILE, add_examples, add_json_flag, add_skip_invalid_flag, cli_entry, declare_outputs, positive_int
 from .options import add_drafter_flags, add_verify_flags, drafter_from_flags, rule_thresholds, verify_model_from_flags
 
 

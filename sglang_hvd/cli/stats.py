@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import HvdInputError
 from ..jsonl import write_json
 from ..report import format_table, progress
 from ..stats import RepetitionProfiler
 from ..trace import ReadReport, iter_traces
-from ..errors import HvdInputError
 from .common import add_examples, add_json_flag, add_skip_invalid_flag, cli_entry, int_in
 
 

@@ -9,8 +9,7 @@ from ..errors import HvdInputError
 from ..jsonl import write_json
 from ..report import format_table
 from ..synth.workload import KINDS, SynthConfig, write_workload
-from .common import MAX_SESSIONS, FOLDER, add_examples, add_json_flag, cli_entry, declare_outputs, int_in, seed
-
+from .common import FOLDER, MAX_SESSIONS, add_examples, add_json_flag, cli_entry, declare_outputs, int_in, seed
 
 DEFAULTS = SynthConfig()
 

@@ -32,6 +32,11 @@ def native_available() -> bool:
     return _native is not None
 
 
+def native_import_error() -> str:
+    """Why the extension did not load ("" when it did)."""
+    return _IMPORT_ERROR
+
+
 _warned = False
 
 
