@@ -1,6 +1,6 @@
 """Cache drafter settings for the gated regime: train and evaluate a gate per setting.
 
-    python launch/bench/sweep_drafter.py dev.jsonl.gz --tokenizer QWEN3_DIR \
+    python launch/bench/sweep_drafter.py dev.jsonl.gz --tokenizer qwen3 \
         --grid max_spec_factor=1,2,4 [--grid min_token_prob=0.1,0.05] [-- extra hvd train flags]
 
 For every combination of the ``--grid`` values (DrafterConfig fields, e.g.
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("traces", nargs="+", help="token trace files (hvd import)")
-    p.add_argument("--tokenizer", required=True, metavar="DIR", help="the tokenizer of the traces")
+    p.add_argument("--tokenizer", required=True, metavar="DIR",
+                   help="the tokenizer of the traces (a folder, or qwen3: hvd train resolves it)")
     p.add_argument("--grid", type=_grid, action="append", required=True, metavar="FIELD=V1,V2",
                    help="a DrafterConfig field (or cache_siblings) and its values (repeat for more fields)")
     p.add_argument("--work", default="sweep-drafter", metavar="DIR",
