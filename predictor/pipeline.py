@@ -87,7 +87,8 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     parts = {name: [r for r in records if side[r.conv_id] == name] for name in (TRAIN, VALIDATION, TEST)}
     if not parts[TRAIN] or not parts[VALIDATION]:
         raise ValueError(f"need conversations on both the train and validation sides; got {len(parts[TRAIN])} train "
-                         f"and {len(parts[VALIDATION])} validation requests (add traces or change --validation-fraction)")
+                         f"and {len(parts[VALIDATION])} validation requests "
+                         "(add traces or change --validation-fraction)")
     log(f"split by {opts.split_by}: {len(parts[TRAIN])} train, {len(parts[VALIDATION])} validation, "
         f"{len(parts[TEST])} held-out test requests")
     train = build_dataset(parts[TRAIN], opts.drafter_name, opts.drafter, token_flags, desc="label train",
@@ -101,7 +102,8 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     fit = train_mlp(train.features, train.accept_len, val.features, val.accept_len, opts.model)
     t_fit = time.perf_counter()
-    log(f"trained {fit.epochs} epochs (best {fit.best_epoch}, validation MSE {fit.validation_mse[fit.best_epoch - 1]:.3f}) "
+    log(f"trained {fit.epochs} epochs (best {fit.best_epoch}, "
+        f"validation MSE {fit.validation_mse[fit.best_epoch - 1]:.3f}) "
         f"in {t_fit - t_label:.0f} s")
     with torch.no_grad():
         val_pred = fit.model(torch.from_numpy(val.features)).numpy()

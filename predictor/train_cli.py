@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Train the payoff gate for one verify shape: split requests by conversation or task group (train / "
             "validation / optional held-out test), replay them to label cache drafts with their true accepted "
             "length at that shape (the draft's longest prefix the recorded output repeats: what verify accepts; "
-            "record at your serving temperature and top-p, or the labels overstate sampled acceptance) (by default the drafts met where serving walks of baseline policies stand; "
+            "record at your serving temperature and top-p, or the labels overstate sampled acceptance) "
+            "(by default the drafts met where serving walks of baseline policies stand; "
             "--positions dense: every output position), fit an MLP with MSE (torch, CPU), calibrate the decision rule "
             "(threshold and EAGLE3 reserve) on validation replay by modelled decode time, check the ONNX export "
             "against torch, and write GATE_DIR with gate.onnx, gate.json, token_flags.npy and metrics.json. "
@@ -112,15 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed EAGLE3 nodes kept beside a cache draft in a row (topk > 1; default: calibrated)")
     p.add_argument("--cache-siblings", type=row_nodes, metavar="S",
                    help="tree-draft nodes a cache row may add to its chain, taken from EAGLE3's share; the labels are "
-                        "that row's payoff and the gate's tree features describe its siblings (topk > 1, --positions serving; "
+                        "that row's payoff and the gate's tree features describe its siblings "
+                        "(topk > 1, --positions serving; "
                         "default: 4, and 0 at topk 1 or with --positions dense)")
     p.add_argument("--gate-thresholds", type=gate_thresholds, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
-                   help="thresholds tried by calibration (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
+                   help="thresholds tried by calibration (default: %s)"
+                   % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     p.add_argument("--rule-thresholds", type=rule_thresholds, default=DEFAULT_RULE_THRESHOLDS, metavar="C,...",
-                   help="score-rule constants tried for the rule baseline (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_RULE_THRESHOLDS))
+                   help="score-rule constants tried for the rule baseline (default: %s)"
+                   % ",".join(f"{t:g}" for t in DEFAULT_RULE_THRESHOLDS))
     add_drafter_flags(p)
     add_verify_flags(p)
-    add_dataclass_flags(p, CostModel, "cost model of calibration (per verify cycle; 1.0 = one target forward)", prefix="cost")
+    add_dataclass_flags(p, CostModel, "cost model of calibration (per verify cycle; 1.0 = one target forward)",
+                        prefix="cost")
     add_skip_invalid_flag(p)
     add_json_flag(p)
     declare_outputs(p, output=GATE_FOLDER)
@@ -151,7 +156,8 @@ def main(args: argparse.Namespace) -> int:
     if records[0].tokenizer.digest != tokenizer.identity.digest:
         t = records[0].tokenizer
         raise HvdInputError(f"the traces were tokenized with {t.name}@{t.digest}, but --tokenizer {args.tokenizer} is "
-                            f"{tokenizer.identity.name}@{tokenizer.identity.digest}; pass the tokenizer used by `hvd import`")
+                            f"{tokenizer.identity.name}@{tokenizer.identity.digest}; "
+                            "pass the tokenizer used by `hvd import`")
     flags = tokenizer.token_flags()
     for r in records:  # the digest matched; ids past its vocabulary mean edited or foreign traces
         top = int(max(r.prompt_ids.max(initial=0), r.output_ids.max(initial=0)))
@@ -171,11 +177,13 @@ def main(args: argparse.Namespace) -> int:
              f"{100 * e['cache_pick_rate']:.1f}%", f"{100 * e['two_branch_rate']:.1f}%",
              at_6(shape, e["precision_at_6"]), at_6(shape, e["recall_at_6"]))
             for e in cal["gate"]]
-    rows += [(f"rule@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
+    rows += [(f"rule@{e['threshold']:g}", e["cycles_per_1k"], e["time_per_1k"],
+              f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
              for e in cal["rule"]]
     rows += [(name, e["cycles_per_1k"], e["time_per_1k"], f"{100 * e['cache_pick_rate']:.1f}%", "", "", "")
              for name, e in cal["baselines"].items()]
-    print(format_table(["policy (hvd@threshold/reserve/siblings)", "cycles/1k", "modelled time/1k", "cache pick", "two-branch",
+    print(format_table(["policy (hvd@threshold/reserve/siblings)", "cycles/1k", "modelled time/1k", "cache pick",
+                        "two-branch",
                         "precision@6", "recall@6"], rows, title="\ncalibration on validation conversations"))
     v = metrics["validation"]
     p6 = at_6(opts.verify.shape, v["precision_at_6"])
@@ -183,7 +191,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"\nwrote {args.output}: threshold {d['threshold']:g}, EAGLE3 reserve {d['eagle_reserve']}, "
           f"cache siblings {d['cache_siblings']}, "
           f"validation MSE {v['mse']:.3f}, precision@6 {p6}, recall@6 {at_6(opts.verify.shape, v['recall_at_6'])} "
-          f"(every validation draft), ONNX parity {metrics['parity_max_abs_diff']:.2g}, {metrics['seconds']['total']:.0f} s")
+          f"(every validation draft), ONNX parity {metrics['parity_max_abs_diff']:.2g}, "
+          f"{metrics['seconds']['total']:.0f} s")
     if report.num_skipped:
         print(report.summary())
     if args.json:

@@ -60,7 +60,8 @@ def render_turns(conv: Conversation, tokenizer: ChatTokenizer, options: ImportOp
             continue
         where = f"conversation {conv.conv_id!r}, message {i}"
         try:
-            prompt = tokenizer.render(messages[:i], tools=tools, add_generation_prompt=True, enable_thinking=enable_thinking)
+            prompt = tokenizer.render(messages[:i], tools=tools, add_generation_prompt=True,
+                                      enable_thinking=enable_thinking)
             full = tokenizer.render(messages[: i + 1], tools=tools, enable_thinking=enable_thinking)
         except Exception as e:  # jinja2 raises TemplateError, TypeError, UndefinedError...
             raise HvdInputError(f"{where}: the chat template failed ({e.__class__.__name__}: {e})") from e
@@ -72,7 +73,8 @@ def render_turns(conv: Conversation, tokenizer: ChatTokenizer, options: ImportOp
         output = full[len(prompt) :]
         end = output.rfind(end_of_turn)
         if end < 0:
-            raise HvdInputError(f"{where}: the rendered turn has no end-of-turn text {end_of_turn!r}; pass --end-of-turn")
+            raise HvdInputError(f"{where}: the rendered turn has no end-of-turn text {end_of_turn!r}; "
+                                "pass --end-of-turn")
         turns.append((prompt, output[: end + len(end_of_turn)]))
     return turns
 

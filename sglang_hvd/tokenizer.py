@@ -75,7 +75,8 @@ class ChatTokenizer:
         cfg_file = os.path.join(path, "tokenizer_config.json")
         for f in (tok_file, cfg_file):
             if not os.path.isfile(f):
-                raise HvdInputError(f"{f}: missing (a fast tokenizer directory needs tokenizer.json and tokenizer_config.json)")
+                raise HvdInputError(f"{f}: missing (a fast tokenizer directory needs tokenizer.json and "
+                                    "tokenizer_config.json)")
         try:
             self._tok = Tokenizer.from_file(tok_file)
         except Exception as e:  # the tokenizers library raises a bare Exception on bad files

@@ -183,7 +183,8 @@ def test_a_bar_without_eta_and_with_scaled_units(capsys):
         clock.t = 61.0
         bar.update(1_250_000)
     assert "".join(out) == ("train: 1/40 epoch (2%), 51 s\ntrain: 1/40 epoch (2%), 51 s, done\n"
-                            "import: 1.2M/2.5M char (50%), 10 s, ~10 s left\nimport: 1.2M/2.5M char (50%), 10 s, done\n")
+                            "import: 1.2M/2.5M char (50%), 10 s, ~10 s left\n"
+                            "import: 1.2M/2.5M char (50%), 10 s, done\n")
 
 
 def test_ticking_advances_the_bar_by_weight():
@@ -212,7 +213,8 @@ def test_replay_and_import_bars_have_totals(synth_dir, synth_traces, tmp_path, m
     lines = [line for line in open(synth_traces) if line.strip()]
     assert seen["replay"]["total"] == len(lines)
     conv = os.path.join(synth_dir, "conversations.jsonl")
-    assert hvd(["import", conv, "--tokenizer", os.path.join(synth_dir, "tokenizer"), "-o", str(tmp_path / "t.jsonl")]) == 0
+    assert hvd(["import", conv, "--tokenizer", os.path.join(synth_dir, "tokenizer"),
+                "-o", str(tmp_path / "t.jsonl")]) == 0
     turns = [sum(m["role"] == "assistant" for m in json.loads(line)["messages"]) for line in open(conv)]
     assert seen["import"]["total"] == sum(len(line) * n for line, n in zip(open(conv), turns))
     assert seen["import"]["unit"] == "char rendered"

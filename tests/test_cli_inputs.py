@@ -34,7 +34,8 @@ def test_replay_checks_its_outputs_before_replaying(synth_traces, tmp_path, caps
 
 def test_import_json_to_an_unwritable_place_leaves_no_trace_file(synth_dir, tmp_path, capsys):
     out = tmp_path / "t.jsonl"
-    assert hvd(["import", os.path.join(synth_dir, "conversations.jsonl"), "--tokenizer", os.path.join(synth_dir, "tokenizer"),
+    assert hvd(["import", os.path.join(synth_dir, "conversations.jsonl"),
+                "--tokenizer", os.path.join(synth_dir, "tokenizer"),
                 "-o", str(out), "--json", "/proc/hvd-x.json"]) == 2
     assert "--json /proc/hvd-x.json: cannot write in /proc" in one_line_error(capsys, "import")
     assert not out.exists() and os.listdir(tmp_path) == []
@@ -58,7 +59,8 @@ def test_train_refuses_an_existing_file_or_a_foreign_folder_before_labelling(syn
 
 def test_a_negative_eagle_reserve_is_an_argument_error(demo_dir, capsys):
     with pytest.raises(SystemExit) as e:
-        hvd(["eval", os.path.join(demo_dir, "traces.jsonl"), "--gate", os.path.join(demo_dir, "gate"), "--eagle-reserve", "-1"])
+        hvd(["eval", os.path.join(demo_dir, "traces.jsonl"), "--gate", os.path.join(demo_dir, "gate"),
+             "--eagle-reserve", "-1"])
     assert e.value.code == 2 and "--eagle-reserve: expected an integer in [0, 1024], got -1" in capsys.readouterr().err
 
 

@@ -33,9 +33,11 @@ def test_tool_call_turn_pins_literal_token_ids(qwen):
     records = import_conversation(parse_conversation(TOOL_CONV, "lit"), qwen)
     assert [r.req_id for r in records] == ["c1#0", "c1#1"]
     first, second = records
-    # Tool call as Qwen3 emits it: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>
+    # Tool call as Qwen3 emits it:
+    # <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>
     assert first.output_ids.tolist() == [
-        151657, 198, 4913, 606, 788, 330, 455, 69364, 497, 330, 16370, 788, 5212, 8926, 788, 330, 28867, 385, 95642, 151658, 151645]
+        151657, 198, 4913, 606, 788, 330, 455, 69364, 497, 330, 16370, 788, 5212, 8926, 788, 330, 28867, 385,
+        95642, 151658, 151645]
     assert second.output_ids.tolist() == [2132, 374, 220, 18, 36286, 34, 304, 57858, 13, 151645]
     # Non-thinking mode by default: the prompt ends with the empty think block.
     assert first.prompt_ids.tolist()[-7:] == THINK_END
@@ -82,16 +84,19 @@ def test_import_counts_match_the_data_readme(shared_traces):
     _, summary = shared_traces
     s = summary["sources"]
     # ../shared/data/README.md: conversations, assistant turns and Qwen3 tokens generated per file.
-    assert (s["tau-bench"]["conversations"], s["tau-bench"]["requests"], s["tau-bench"]["output_tokens"]) == (100, 1381, 105488)
-    assert (s["alpaca_eval"]["conversations"], s["alpaca_eval"]["requests"], s["alpaca_eval"]["output_tokens"]) == (805, 805, 337192)
+    assert (s["tau-bench"]["conversations"], s["tau-bench"]["requests"],
+            s["tau-bench"]["output_tokens"]) == (100, 1381, 105488)
+    assert (s["alpaca_eval"]["conversations"], s["alpaca_eval"]["requests"],
+            s["alpaca_eval"]["output_tokens"]) == (805, 805, 337192)
     # The README counts 21,991; Qwen3's template strips the leading newline of the 10
     # SWE-agent answers that start with one (content.lstrip('\n')), so 10 fewer tokens.
-    assert (s["swe-agent"]["conversations"], s["swe-agent"]["requests"], s["swe-agent"]["output_tokens"]) == (22, 230, 21981)
+    assert (s["swe-agent"]["conversations"], s["swe-agent"]["requests"],
+            s["swe-agent"]["output_tokens"]) == (22, 230, 21981)
     assert summary["tokens_per_s"] > 0
 
 
 def write_lines(path, lines):
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    path.write_text("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines))
     return str(path)
 
 
@@ -103,8 +108,10 @@ def write_lines(path, lines):
          "conv.jsonl:1: 'id' must be a non-empty string (or left out)"),  # missing, it is conv:1
         ([TOOL_CONV, {"id": "z", "messages": [{"role": "robot", "content": "hi"}]}],
          "conv.jsonl:2: messages[0]: unknown role 'robot' (expected one of system, user, assistant, tool)"),
-        ([{"id": "z", "messages": [{"role": "user", "content": None}]}], "conv.jsonl:1: messages[0] (user): 'content' is missing or null"),
-        ([{"id": "z", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": [{"function": {}}]}]}],
+        ([{"id": "z", "messages": [{"role": "user", "content": None}]}],
+         "conv.jsonl:1: messages[0] (user): 'content' is missing or null"),
+        ([{"id": "z", "messages": [{"role": "user", "content": "a"},
+                                   {"role": "assistant", "content": "b", "tool_calls": [{"function": {}}]}]}],
          "conv.jsonl:1: messages[1].tool_calls[0]: needs 'function' with a string 'name'"),
     ],
 )

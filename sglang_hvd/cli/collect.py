@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Gather token traces from your own target model: every assistant turn of the conversations is "
             "rendered as `hvd import` renders it and sent as token ids to a running SGLang server's /generate "
             "(temperature 0 unless --temperature; collect at the temperature and top-p you serve with, so that "
-            "the gate's labels follow what verify accepts there); the generated token ids become the trace's output. Bounded concurrency, retries "
+            "the gate's labels follow what verify accepts there); the generated token ids become the trace's "
+            "output. Bounded concurrency, retries "
             "with backoff; records are appended to TRACES.partial as they complete, and rerunning the same "
             "command resumes without duplicating any. TRACES appears when every request succeeded."
         ),
@@ -54,15 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="retries per request, with exponential backoff (default: %(default)s)")
     p.add_argument("--temperature", type=temperature, metavar="T", default=0.0,
                    help="sampling temperature of the generations: your serving one (default: %(default)s, greedy)")
-    p.add_argument("--top-p", type=top_p, metavar="P", default=1.0, help="top-p of the generations (default: %(default)s)")
-    p.add_argument("--thinking", choices=THINKING_MODES, default="auto", help="template thinking mode, as in hvd import (default: %(default)s)")
+    p.add_argument("--top-p", type=top_p, metavar="P", default=1.0,
+                   help="top-p of the generations (default: %(default)s)")
+    p.add_argument("--thinking", choices=THINKING_MODES, default="auto",
+                   help="template thinking mode, as in hvd import (default: %(default)s)")
     p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N conversations of each file")
     add_json_flag(p)
     declare_outputs(p, output=FILE)
     add_examples(
         p,
-        'hvd collect chats.jsonl --server http://127.0.0.1:30000 --tokenizer MODEL_DIR -o served.jsonl --concurrency 16',
-        'hvd collect chats.jsonl --server http://127.0.0.1:30000 --tokenizer MODEL_DIR -o sampled.jsonl --temperature 0.7 --top-p 0.9',
+        'hvd collect chats.jsonl --server http://127.0.0.1:30000 --tokenizer MODEL_DIR -o served.jsonl '
+        '--concurrency 16',
+        'hvd collect chats.jsonl --server http://127.0.0.1:30000 --tokenizer MODEL_DIR -o sampled.jsonl '
+        '--temperature 0.7 --top-p 0.9',
     )
     return p
 

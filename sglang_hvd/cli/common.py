@@ -84,7 +84,8 @@ def check_output(path: str, kind: str, flag: str) -> None:
             other = sorted(set(os.listdir(path)) - set(GATE_FILES))
             if other:
                 raise HvdInputError(f"{where}: exists and holds other files ({', '.join(other[:3])}"
-                                    f"{' ...' if len(other) > 3 else ''}); choose a new folder or an earlier gate folder")
+                                    f"{' ...' if len(other) > 3 else ''}); "
+                                    "choose a new folder or an earlier gate folder")
     folder = path if kind != FILE and os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     probe = folder
     while not os.path.exists(probe):

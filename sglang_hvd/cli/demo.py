@@ -93,7 +93,8 @@ def main(args: argparse.Namespace) -> int:
     overall = evaluation["overall"]["policies"]
     cyc = {name: p["cycles_per_1k"] for name, p in overall.items()}
     print(f"\nHVD on held-out sessions: {cyc['hvd']:.1f} verify cycles per 1k tokens vs {cyc['cache_only']:.1f} "
-          f"cache-only (SuffixDecoding), {cyc['eagle3_only']:.1f} EAGLE3-only and {cyc['oracle']:.1f} for the oracle gate "
+          f"cache-only (SuffixDecoding), {cyc['eagle3_only']:.1f} EAGLE3-only and {cyc['oracle']:.1f} "
+          "for the oracle gate "
           f"({time.perf_counter() - start:.0f} s in all; files in {d}/)")
     if args.json:  # the held-out evaluation, as `hvd eval --json` writes it
         write_json(args.json, evaluation)

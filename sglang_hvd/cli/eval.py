@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
             "eagle3_only, cache_only, the score rule (its constant as chosen at training) and the choose-one "
             "oracle (the cache chain exactly when its true accept_len + 1 beats EAGLE3's expected tokens) and, at "
             "topk > 1, cache_tree and the tree oracle (the same with the row tree: the chain, then siblings from the "
-            "cache tree draft, N-1 nodes), per source and overall, plus the gate's precision and recall for high-payoff drafts (accept_len >= 6) "
+            "cache tree draft, N-1 nodes), per source and overall, plus the gate's precision and recall for "
+            "high-payoff drafts (accept_len >= 6) "
             "and its mean absolute error. Drafter settings, verify shape, EAGLE3 curve and decision rule are the "
             "gate's own unless overridden; the fastest drafter built is used (all return identical drafts)."
         ),
@@ -67,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also sweep the threshold and plot precision/recall and cycles per 1k against it, marking the "
                         "gate's threshold; the suffix gives the format: .png, .svg or .pdf (needs matplotlib)")
     p.add_argument("--plot-thresholds", type=gate_thresholds, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
-                   help="thresholds of the --plot sweep (default: %s)" % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
+                   help="thresholds of the --plot sweep (default: %s)"
+                   % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     add_verify_flags(p, gate_default="gate")
     add_skip_invalid_flag(p)
     add_json_flag(p)
@@ -94,7 +96,8 @@ def main(args: argparse.Namespace) -> int:
             raise HvdInputError("--plot needs matplotlib: pip install matplotlib") from None
     model = verify_model_from_flags(args, gate.verify_model)
     if args.cache_siblings and not model.shape.allows_branches:
-        raise HvdInputError(f"--cache-siblings {args.cache_siblings}: rows at topk {model.shape.topk} are chains, with no "
+        raise HvdInputError(f"--cache-siblings {args.cache_siblings}: rows at topk {model.shape.topk} are chains, "
+                            "with no "
                             "room for siblings; evaluate at --verify-topk 2 or more, or leave --cache-siblings out")
     rule = args.rule_threshold if args.rule_threshold is not None else spec.rule_threshold or 3.0
     report = ReadReport()
@@ -106,9 +109,11 @@ def main(args: argparse.Namespace) -> int:
         records = (r for r in records if r.conv_id in keep)
     records = list(records)
     if not records:
-        raise HvdInputError("no trace records to evaluate" + (" (none of the held-out conversations are in these files)" if args.held_out else ""))
+        raise HvdInputError("no trace records to evaluate"
+                            + (" (none of the held-out conversations are in these files)" if args.held_out else ""))
     if records[0].tokenizer.digest != spec.tokenizer.digest:
-        raise HvdInputError(f"the traces were tokenized with {records[0].tokenizer.name}@{records[0].tokenizer.digest}, "
+        raise HvdInputError("the traces were tokenized with "
+                            f"{records[0].tokenizer.name}@{records[0].tokenizer.digest}, "
                             f"the gate was trained on {spec.tokenizer.name}@{spec.tokenizer.digest}")
     options = PolicyOptions(rule_thresholds=(rule,), eagle3_tokens=model.eagle3_tokens, gate=gate, decision=decision)
     policies = make_policies(list(POLICIES) + list(TREE_POLICIES if model.shape.allows_branches else ()), options)
@@ -130,7 +135,8 @@ def main(args: argparse.Namespace) -> int:
         _print("overall", result.overall, header, costs, out["overall"]["gate"], model.shape)
     print(f"\nverify rows of {model.shape.describe()} (cache drafts checked up to {model.shape.draft_nodes} tokens), "
           f"EAGLE3 {model.eagle3_tokens:.3g} tokens per verify; hvd threshold {decision.threshold:g}, EAGLE3 reserve "
-          f"{decision.eagle_reserve}, cache siblings {decision.cache_siblings}; rule constant {rule:g}; {result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
+          f"{decision.eagle_reserve}, cache siblings {decision.cache_siblings}; rule constant {rule:g}; "
+          f"{result.overall.tokens:,} output tokens in {result.seconds:.1f} s")
     if args.plot:
         print(f"\nsweeping {len(args.plot_thresholds)} thresholds for the plot", flush=True)
         with progress(total=sum(len(r.output_ids) for r in records), desc="sweep", unit="tok", unit_scale=True) as bar:

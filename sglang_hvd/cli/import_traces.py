@@ -40,9 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thinking", choices=THINKING_MODES, default="auto",
                    help="template thinking mode: auto = on only for conversations with reasoning content "
                         "(for Qwen3, off puts an empty think block in the prompt) (default: %(default)s)")
-    p.add_argument("--end-of-turn", metavar="TEXT", help="text that ends an assistant turn (default: the tokenizer's eos_token)")
-    p.add_argument("--source", metavar="NAME", help="workload name for every record (default: the first component of each conversation's source field, else the file name)")
-    p.add_argument("--tokenizer-name", metavar="NAME", help="name recorded with the tokenizer digest (default: from the folder)")
+    p.add_argument("--end-of-turn", metavar="TEXT",
+                   help="text that ends an assistant turn (default: the tokenizer's eos_token)")
+    p.add_argument("--source", metavar="NAME",
+                   help="workload name for every record (default: the first component of each conversation's "
+                        "source field, else the file name)")
+    p.add_argument("--tokenizer-name", metavar="NAME",
+                   help="name recorded with the tokenizer digest (default: from the folder)")
     p.add_argument("--limit", type=positive_int, metavar="N", help="import at most N conversations per file")
     add_json_flag(p)
     declare_outputs(p, output=FILE)
@@ -96,13 +100,15 @@ def main(args: argparse.Namespace) -> int:
 
     per_source: dict[str, dict[str, int]] = {}
     start = time.perf_counter()
-    with TraceWriter(args.output) as writer, progress(total=total, desc="import", unit="char rendered", unit_scale=True) as bar:
+    with TraceWriter(args.output) as writer, progress(total=total, desc="import", unit="char rendered",
+                                                      unit_scale=True) as bar:
         taken: dict[str, int] = {}
         for path, line_no, conv in iter_conversations(args.conversations, source=args.source):
             if args.limit and taken.get(path, 0) >= args.limit:
                 continue
             taken[path] = taken.get(path, 0) + 1
-            s = per_source.setdefault(conv.source, {"conversations": 0, "requests": 0, "prompt_tokens": 0, "output_tokens": 0})
+            s = per_source.setdefault(conv.source,
+                                      {"conversations": 0, "requests": 0, "prompt_tokens": 0, "output_tokens": 0})
             s["conversations"] += 1
             for record in import_conversation(conv, tokenizer, options):
                 writer.write(record)
@@ -112,9 +118,11 @@ def main(args: argparse.Namespace) -> int:
             bar.update(sizes[path][line_no])
     seconds = time.perf_counter() - start
     tokens = sum(s["prompt_tokens"] + s["output_tokens"] for s in per_source.values())
-    rows = [(src, s["conversations"], s["requests"], s["prompt_tokens"], s["output_tokens"]) for src, s in per_source.items()]
+    rows = [(src, s["conversations"], s["requests"], s["prompt_tokens"], s["output_tokens"])
+            for src, s in per_source.items()]
     print(format_table(["source", "conversations", "requests", "prompt tokens", "output tokens"], rows,
-                       title=f"wrote {writer.num_records} requests to {args.output} (tokenizer {tokenizer.identity.name}@{tokenizer.identity.digest})"))
+                       title=f"wrote {writer.num_records} requests to {args.output} "
+                             f"(tokenizer {tokenizer.identity.name}@{tokenizer.identity.digest})"))
     print(f"{tokens:,} tokens in {seconds:.1f} s: {tokens / max(seconds, 1e-9):,.0f} tokens/s")
     if args.json:
         write_json(args.json, {

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
             "greedy (no speculation), eagle3_only, cache_only (SuffixDecoding: every non-empty cache draft "
             "as a chain), rule@C (cache chain when its score >= C, else EAGLE3), oracle (the choose-one "
             "oracle), hvd (a trained gate, --gate); at topk > 1 also cache_tree and tree_oracle (cache_only and the "
-            "oracle with the row tree: the chain, then siblings from the cache tree draft, N-1 nodes). A cache draft's accepted length is its longest common "
+            "oracle with the row tree: the chain, then siblings from the cache tree draft, N-1 nodes). "
+            "A cache draft's accepted length is its longest common "
             "prefix with the recorded output: what verify accepts, greedy or sampled, had the target produced that "
             "output (traces recorded at the serving temperature give served acceptance; README, Sampling); "
             "EAGLE3 follows the --eagle3-curve "
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rule-threshold", type=rule_thresholds, default="1,3,6", metavar="C[,C...]",
                    help="score threshold(s) of the rule policy, one rule@C row each (default: %(default)s)")
     p.add_argument("--gate", metavar="GATE_DIR",
-                   help="a gate from `hvd train`, for the hvd policy; its decision rule, drafter settings, verify shape "
+                   help="a gate from `hvd train`, for the hvd policy; its decision rule, drafter settings, "
+                        "verify shape "
                         "and EAGLE3 curve are the defaults")
     p.add_argument("--limit", type=positive_int, metavar="N", help="replay only the first N requests")
     p.add_argument("--steps", metavar="PATH", help="also write one JSON line per replayed step to PATH")
@@ -56,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_examples(
         p,
         'hvd replay dev.jsonl.gz',
-        'hvd replay dev.jsonl.gz --policies eagle3_only,cache_only,rule,oracle --verify-topk 1 --verify-steps 3 --verify-nodes 4',
+        'hvd replay dev.jsonl.gz --policies eagle3_only,cache_only,rule,oracle --verify-topk 1 '
+        '--verify-steps 3 --verify-nodes 4',
         'hvd replay dev.jsonl.gz --gate gate --policies hvd,oracle --json replay.json',
         'hvd replay dev.jsonl.gz --mode dense',
     )
@@ -80,7 +83,8 @@ def _step_json(step) -> dict:
     if hasattr(step, "record"):
         d = {"req_id": step.record.req_id, "source": step.record.source, "pos": step.pos, "accept_len": step.accept_len}
     else:
-        d = {"req_id": step.req_id, "source": step.source, "policy": step.policy, "pos": step.pos, "choice": step.choice,
+        d = {"req_id": step.req_id, "source": step.source, "policy": step.policy, "pos": step.pos,
+             "choice": step.choice,
              "cache_len": step.plan.cache_len, "eagle_nodes": step.plan.eagle_nodes, "accept_len": step.accept_len,
              "out_len": step.out_len}
     draft = step.draft
@@ -114,7 +118,8 @@ def main(args: argparse.Namespace) -> int:
             if args.mode == "dense":
                 quality, seconds = dense_quality(_ticking(records, bar), drafter, on_step=write_step)
             else:
-                result = simulate(records, drafter, policies, model, on_step=write_step, on_request=lambda r: bar.update(1))
+                result = simulate(records, drafter, policies, model, on_step=write_step,
+                                  on_request=lambda r: bar.update(1))
         if not (quality if args.mode == "dense" else result.sources):  # nothing written, no nonsense figures
             raise HvdInputError(f"no trace records in {', '.join(args.traces)}" +
                                 (f" ({report.num_skipped} malformed lines skipped)" if report.num_skipped else ""))
@@ -156,25 +161,31 @@ def _print_serving(result, model) -> None:
     header = ("policy",) + COLUMNS
     for name, tally in sorted(result.sources.items()):
         rows = [table_row(p, t) for p, t in tally.policies.items()]
-        print(format_table(header, rows, title=f"\n{name}: {tally.requests:,} requests, {tally.tokens:,} output tokens"))
+        print(format_table(header, rows,
+                           title=f"\n{name}: {tally.requests:,} requests, {tally.tokens:,} output tokens"))
     if len(result.sources) > 1:
         total = result.overall
         rows = [table_row(p, t) for p, t in total.policies.items()]
-        print(format_table(header, rows, title=f"\noverall: {total.requests:,} requests, {total.tokens:,} output tokens"))
+        print(format_table(header, rows,
+                           title=f"\noverall: {total.requests:,} requests, {total.tokens:,} output tokens"))
     tokens = result.overall.tokens
     print(f"\nverify rows of {model.shape.describe()}; EAGLE3 {model.eagle3_tokens:.3g} tokens per verify "
           f"(curve {model.eagle3.text()})")
-    print(f"replayed {tokens:,} output tokens in {result.seconds:.1f} s ({tokens / max(result.seconds, 1e-9):,.0f} tokens/s, "
+    print(f"replayed {tokens:,} output tokens in {result.seconds:.1f} s "
+          f"({tokens / max(result.seconds, 1e-9):,.0f} tokens/s, "
           f"{result.num_drafts:,} non-empty drafts)")
 
 
 def _print_dense(quality: dict[str, DraftQuality], seconds: float) -> None:
-    header = ("source", "positions", "draft rate", "mean draft len", "mean accept", "accept>=1", "accept>=6", "own tree")
+    header = ("source", "positions", "draft rate", "mean draft len", "mean accept", "accept>=1", "accept>=6",
+              "own tree")
     rows = []
     for name, q in sorted(quality.items()):
         j = q.to_json()
         rows.append((name, q.positions, f"{100 * j['draft_rate']:.1f}%", j["mean_draft_len"], j["mean_accept_len"],
-                     f"{100 * j['accept_ge1_share']:.1f}%", f"{100 * j['accept_ge6_share']:.1f}%", f"{100 * j['local_tree_share']:.1f}%"))
-    print(format_table(header, rows, title="draft quality at every output position (accept lengths over non-empty drafts)"))
+                     f"{100 * j['accept_ge1_share']:.1f}%", f"{100 * j['accept_ge6_share']:.1f}%",
+                     f"{100 * j['local_tree_share']:.1f}%"))
+    print(format_table(header, rows,
+                       title="draft quality at every output position (accept lengths over non-empty drafts)"))
     positions = sum(q.positions for q in quality.values())
     print(f"\nreplayed {positions:,} positions in {seconds:.1f} s ({positions / max(seconds, 1e-9):,.0f} drafts/s)")

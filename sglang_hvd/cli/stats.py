@@ -44,11 +44,13 @@ def main(args: argparse.Namespace) -> int:
     if not profiler.sources:
         raise HvdInputError(f"no trace records in {', '.join(args.traces)}" +
                             (f" ({report.num_skipped} malformed lines skipped)" if report.num_skipped else ""))
-    header = ["source", "conversations", "requests", "prompt tokens", "output tokens", "mean prompt", "mean output", f"repeat@{args.match_len}"]
+    header = ["source", "conversations", "requests", "prompt tokens", "output tokens", "mean prompt", "mean output",
+              f"repeat@{args.match_len}"]
 
     def row(name, s):
         j = s.to_json()
-        return (name, s.conversations, s.requests, s.prompt_tokens, s.output_tokens, j["mean_prompt_tokens"], j["mean_output_tokens"], f"{100 * s.repetition:.1f}%")
+        return (name, s.conversations, s.requests, s.prompt_tokens, s.output_tokens, j["mean_prompt_tokens"],
+                j["mean_output_tokens"], f"{100 * s.repetition:.1f}%")
 
     rows = [row(src, s) for src, s in profiler.sources.items()]
     if len(rows) > 1:

@@ -48,7 +48,8 @@ def server_info(url: str, timeout_s: float) -> dict:
     except urllib.error.HTTPError as e:
         raise HvdInputError(f"{target}: HTTP {e.code}; is this an SGLang server?") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-        raise HvdInputError(f"{target}: unreachable ({getattr(e, 'reason', e)}); check the URL and that the server is up") from None
+        raise HvdInputError(f"{target}: unreachable ({getattr(e, 'reason', e)}); "
+                            "check the URL and that the server is up") from None
     except json.JSONDecodeError:
         raise HvdInputError(f"{target}: the answer is not JSON; is this an SGLang server?") from None
 

@@ -55,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError(str(e)) from None
     summary = write_workload(config, args.output)
     rows = [(src, s["conversations"], s["assistant_turns"]) for src, s in summary["sources"].items()]
-    print(format_table(["source", "conversations", "assistant turns"], rows, title=f"wrote {summary['conversations_path']}"))
+    print(format_table(["source", "conversations", "assistant turns"], rows,
+                       title=f"wrote {summary['conversations_path']}"))
     print(f"tokenizer: {summary['tokenizer_dir']}")
     print(f"next: hvd import {summary['conversations_path']} --tokenizer {summary['tokenizer_dir']} "
           f"-o {os.path.join(args.output, 'traces.jsonl')}")
