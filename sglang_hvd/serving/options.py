@@ -165,12 +165,12 @@ def add_flags(group, options: tuple[Option, ...]) -> None:
         opt.add_flag(group)
 
 
-def values_from_flags(args: argparse.Namespace, options: tuple[Option, ...]) -> dict:
-    """``{field: value}`` for the flags given (a bool switch: always), with the drafter's
-    settings gathered under ``drafter_overrides``."""
+def _gathered(options: tuple[Option, ...], value_of) -> dict:
+    """``{field: value}`` of the options ``value_of(opt)`` gives (None: not given), with the
+    drafter's settings gathered under ``drafter_overrides``."""
     values, overrides = {}, []
     for opt in options:
-        value = getattr(args, opt.dest)
+        value = value_of(opt)
         if value is None:
             continue
         if opt.drafter:
@@ -179,18 +179,13 @@ def values_from_flags(args: argparse.Namespace, options: tuple[Option, ...]) -> 
             values[opt.name] = value
     values["drafter_overrides"] = tuple(overrides)
     return values
+
+
+def values_from_flags(args: argparse.Namespace, options: tuple[Option, ...]) -> dict:
+    """``{field: value}`` for the flags given (a bool switch: always)."""
+    return _gathered(options, lambda opt: getattr(args, opt.dest))
 
 
 def values_from_env(environ: Mapping[str, str], options: tuple[Option, ...]) -> dict:
-    """``{field: value}`` for the variables set, the drafter's under ``drafter_overrides``."""
-    values, overrides = {}, []
-    for opt in options:
-        value = opt.read_env(environ)
-        if value is None:
-            continue
-        if opt.drafter:
-            overrides.append((opt.name, value))
-        else:
-            values[opt.name] = value
-    values["drafter_overrides"] = tuple(overrides)
-    return values
+    """``{field: value}`` for the variables set."""
+    return _gathered(options, lambda opt: opt.read_env(environ))
