@@ -107,11 +107,11 @@ def test_the_runtime_core_imports_neither_patches_nor_predictor_nor_heavy_librar
     """The dependency rule: patches -> sglang_hvd <- predictor; sglang only in patches,
     torch only in predictor (and patches); the core finds `hvd train` and the launcher
     through entry points, never by import, not even lazily. Nor does it import the engine
-    harness (sglang_hvd.harness, harness/) or the tests."""
+    harness (sglang_hvd.harness, harness/), the recipes in launch/ or the tests."""
     offenders = []
     for path in _python_files("sglang_hvd"):
         for module in _imports(path):
-            if module.split(".")[0] in ("torch", "sglang", "onnx", "tests") or _names(
+            if module.split(".")[0] in ("torch", "sglang", "onnx", "tests", "launch") or _names(
                     module, "sglang_hvd.patches", "sglang_hvd.predictor", "sglang_hvd.harness"):
                 offenders.append(f"{os.path.relpath(path, REPO)}: {module}")
     assert offenders == []
