@@ -5,7 +5,7 @@
 #   GATE=path/to/gate REPLICAS=2 bash launch/serve_router.sh
 #
 # Starts REPLICAS servers with launch/serve_qwen3_8b.sh on ports PORT+1..PORT+REPLICAS (one
-# GPU each: CUDA_VISIBLE_DEVICES=i), then sglang-router (pip install 'sglang-hvd[router]')
+# GPU each: CUDA_VISIBLE_DEVICES=i), then sglang-router (pip install '.[router]' in the sglang-hvd checkout)
 # on PORT with POLICY (default cache_aware: a conversation's turns go to the replica that
 # served its prefix, whose HVD cache holds the earlier turns; see README "A fleet" for the
 # measured difference to round_robin). Check that every replica serves the same gate with

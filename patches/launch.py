@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import sglang  # noqa: F401
     except ImportError:
-        print("sglang_hvd.launch_server: error: needs the sglang extra: pip install 'sglang-hvd[sglang]'",
-              file=sys.stderr)
+        print("sglang_hvd.launch_server: error: needs the sglang extra: pip install '.[sglang]' in the sglang-hvd "
+              "checkout", file=sys.stderr)
         return 2
     if args.help:
         parser.print_help()

@@ -145,8 +145,8 @@ def main(args: argparse.Namespace) -> int:
         from .mlp import TrainConfig
         from .pipeline import TrainOptions, train_gate
     except ImportError as e:
-        raise HvdInputError(f"hvd train needs the train extra ({e.name} is missing): pip install 'sglang-hvd[train]' "
-                            "(on a CPU machine, pip install torch==2.13.0 first)") from None
+        raise HvdInputError(f"hvd train needs the train extra ({e.name} is missing): pip install '.[train]' in the "
+                            "sglang-hvd checkout (on a CPU machine, pip install torch==2.13.0 first)") from None
     opts = _options(args, TrainConfig, TrainOptions)  # every flag checked before any work
     tokenizer = ChatTokenizer(resolve_tokenizer_dir(args.tokenizer))
     report = ReadReport()

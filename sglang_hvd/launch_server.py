@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == "launch_server"]
     if not found:
         print(f"sglang_hvd.launch_server: error: no {ENTRY_POINT_GROUP!r} entry point named 'launch_server'; "
-              "reinstall sglang-hvd with the sglang extra: pip install 'sglang-hvd[sglang]'", file=sys.stderr)
+              "reinstall sglang-hvd with the sglang extra: pip install '.[sglang]' in the sglang-hvd checkout",
+              file=sys.stderr)
         return 2
     return found[0].load()(argv)
 

@@ -15,7 +15,8 @@ import types
 import numpy as np
 import pytest
 
-sglang = pytest.importorskip("sglang", reason="needs the sglang extra (pip install 'sglang-hvd[sglang]')")
+sglang = pytest.importorskip("sglang",
+                             reason="needs the sglang extra (pip install '.[sglang]' in the sglang-hvd checkout)")
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.sglang

@@ -41,7 +41,7 @@ def command(name: str) -> Callable[[list[str] | None], int]:
     found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
     if not found:
         raise HvdInputError(f"`hvd {name}` is not installed: no {ENTRY_POINT_GROUP!r} entry point named {name!r} "
-                            "(reinstall sglang-hvd: pip install 'sglang-hvd[train]')")
+                            "(reinstall sglang-hvd: pip install '.[train]' in the sglang-hvd checkout)")
     return found[0].load()
 
 USAGE = """usage: hvd [-h] [--version] COMMAND [ARGS...]
