@@ -43,8 +43,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .drafter.batch import DraftBatch, RowTreeBatch
+from .payoff import Payoff
 from .request_state import RequestState, StateBatch
-from .verify import MAX_TREE_NODES, RowPlan, VerifyShape
+from .step_profile import StepProfile
+from .tiers import Tier
+from .verify import MAX_TREE_NODES, Eagle3Curve, RowPlan, VerifyShape
 
 if TYPE_CHECKING:
     from .scorer import Scorer
@@ -76,6 +79,8 @@ class BatchPlan:
     cache_parents: np.ndarray  # [B, N-1] int32 each node's parent (-1: the root); a chain: -1, 0, 1, ...
     predicted: np.ndarray  # [B] float32 the scorer's value (nan: no draft or no verdict)
     gate_error: Exception | None = None  # the scorer failed; every row verifies EAGLE3's tree
+    tier: Tier | None = None  # the shape every row of the step is planned at (None: the caller's shape)
+    eagle3: bool = True  # some row verifies EAGLE3 nodes: the step runs EAGLE3's draft forwards
 
     def plan(self, i: int) -> RowPlan:
         return RowPlan(int(self.cache_lens[i]), int(self.eagle_nodes[i]))
@@ -85,11 +90,108 @@ class BatchPlan:
         return self.cache_lens > 0
 
     @classmethod
-    def all_eagle3(cls, b: int, draft_nodes: int) -> BatchPlan:
+    def all_eagle3(cls, b: int, draft_nodes: int, tier: Tier | None = None) -> BatchPlan:
         """Every row of ``draft_nodes`` (N-1) draft tokens keeps EAGLE3's tree (a step whose
         decision failed)."""
         return cls(np.zeros(b, np.int32), np.full(b, draft_nodes, np.int32), np.full((b, draft_nodes), -1, np.int32),
-                   np.full((b, draft_nodes), -1, np.int32), np.full(b, np.nan, np.float32))
+                   np.full((b, draft_nodes), -1, np.int32), np.full(b, np.nan, np.float32), tier=tier)
+
+    @classmethod
+    def plain(cls, b: int, predicted: np.ndarray | None = None) -> BatchPlan:
+        """No speculation: every row takes a plain decode step (the ``off`` tier)."""
+        empty = np.zeros((b, 0), np.int32)
+        pred = np.full(b, np.nan, np.float32) if predicted is None else predicted
+        return cls(np.zeros(b, np.int32), np.zeros(b, np.int32), empty, empty.copy(), pred, tier=Tier(), eagle3=False)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepMode:
+    """What one step verifies: every row at ``tier``'s shape. ``eagle3`` False: no EAGLE3
+    draft this step; a row with a cache draft verifies it (a chain, or its row tree), any
+    other row takes a plain step (SuffixDecoding's rule, and the cheap end of cost-aware
+    HVD under load)."""
+
+    tier: Tier
+    eagle3: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.tier.name if self.eagle3 or not self.tier.speculates else f"{self.tier.name}/cache"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CostRule:
+    """Cost-aware verification: each step takes the StepMode with the most predicted tokens
+    per second (``choose_mode``) among ``tiers`` (each with and without EAGLE3's draft),
+    timed by ``profile``; an EAGLE3 row at a tier yields ``eagle3``'s tokens at its nodes."""
+
+    profile: StepProfile
+    eagle3_curve: Eagle3Curve
+    tiers: tuple[Tier, ...]
+
+    def __post_init__(self):
+        if not self.tiers:
+            raise ValueError("a cost rule needs at least one tier")
+
+    def modes(self) -> tuple[StepMode, ...]:
+        out = []
+        for t in self.tiers:
+            out += [StepMode(t, True), StepMode(t, False)] if t.speculates else [StepMode(t, False)]
+        return tuple(out)
+
+
+def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
+              curve: Eagle3Curve) -> tuple[np.ndarray, float]:
+    """The rows that verify their cache draft at ``mode``, and the tokens the step is
+    expected to emit. A cache row of L nodes yields 1 + its expected accepted length at
+    L (payoff.py), plus, beside M EAGLE3 nodes, P(its first token misses) x (the curve's
+    tokens at M - 1); an EAGLE3 row the curve's tokens at its nodes; a plain row 1.
+    Which rows take their cache draft:
+
+      no EAGLE3 draft       every drafted row (a row slot is paid for anyway)
+      a topk-1 tier         a row whose cache chain is expected to beat EAGLE3's
+                            (the row holds one or the other)
+      a tree tier (topk>1)  ``use``, the gate's calibrated threshold (its rows keep
+                            EAGLE3 nodes beside the cache branch)
+    """
+    b = len(lens)
+    shape = mode.tier.shape
+    if shape is None:
+        return np.zeros(b, dtype=bool), float(b)
+    n = shape.draft_nodes
+    judged = lens > 0
+    if not mode.eagle3:
+        rows = judged
+    elif shape.allows_branches:
+        rows = use
+    else:
+        rows = judged & (payoff.accepted(n) > curve.tokens(n) - 1.0)
+    cache, eagle = plan_rows(rows, lens, shape, eagle_reserve if mode.eagle3 else 0)
+    is_cache = cache > 0
+    total = float(b + np.sum(np.where(is_cache, payoff.accepted(cache), 0.0)))
+    if mode.eagle3:
+        total += float(np.count_nonzero(~is_cache & (eagle > 0))) * (curve.tokens(n) - 1.0)
+        beside = np.flatnonzero(is_cache & (eagle > 0))
+        if len(beside):
+            miss = 1.0 - payoff.first_hit[beside]
+            total += float(np.sum(miss * (np.array([curve.tokens(int(m)) for m in eagle[beside]]) - 1.0)))
+    return rows, total
+
+
+def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
+                context_tokens: float, cap: int) -> tuple[StepMode, np.ndarray]:
+    """The StepMode of the most expected tokens per millisecond for this batch (the first
+    of equals, in ``cost.modes()`` order) and the rows that verify their cache draft at it.
+    ``predicted``: the gate's accept_len, trained at ``cap`` nodes."""
+    b = len(lens)
+    payoff = Payoff(predicted, lens, cap)
+    best, best_rows, best_rate = None, None, -1.0
+    for mode in cost.modes():
+        rows, tokens = mode_rows(mode, payoff, lens, use, eagle_reserve, cost.eagle3_curve)
+        ms = cost.profile.step_ms(mode.tier, b, context_tokens, eagle3=mode.eagle3)
+        if tokens / ms > best_rate:
+            best, best_rows, best_rate = mode, rows, tokens / ms
+    return best, best_rows
 
 
 def described(chain_len, siblings, draft_nodes: int):
@@ -139,21 +241,28 @@ def _described_trees(trees: RowTreeSource, which: np.ndarray, lens: np.ndarray, 
 
 def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestState], shape: VerifyShape,
            rule: DecisionRule | Sequence[DecisionRule], fallback: bool = False,
-           trees: RowTreeSource | None = None) -> BatchPlan:
+           trees: RowTreeSource | None = None, step: StepMode | CostRule | None = None,
+           context_tokens: float = 0.0) -> BatchPlan:
     """The row plans of a batch. ``drafts``: a drafter's ``speculate_arrays`` for the rows;
     ``states``: the rows' RequestStates, whose histories this records every non-empty
     draft into (judged or not); ``rule``: one for the batch (the server), or one per row
     (replay deciding for several policies at once); ``trees``: where the rule adds cache
-    siblings (topk > 1), the source of row trees (RowTreeSource).
+    siblings (topk > 1), the source of row trees (RowTreeSource), at ``shape``'s N-1
+    nodes; ``step``: the StepMode every row is planned at (default: ``shape`` with
+    EAGLE3), or a CostRule that picks it for this batch (``choose_mode``) from the scores
+    and ``context_tokens`` (the batch's context, all rows together). Row trees grow cache
+    rows only at a tier of ``shape``'s nodes.
 
     A scorer that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
-    and the error is returned in ``gate_error``; without it (replay, training) it
-    propagates."""
+    at ``shape`` and the error is returned in ``gate_error``; without it (replay,
+    training) it propagates."""
     lens = drafts.lengths.astype(np.int32)
     b = len(lens)
     if isinstance(rule, DecisionRule):
         threshold, reserve, siblings = rule.threshold, rule.eagle_reserve, rule.cache_siblings
     else:
+        if step is not None:
+            raise ValueError("a step mode or cost rule decides for one batch: pass one DecisionRule")
         threshold = np.array([r.threshold for r in rule], dtype=np.float64)
         reserve = np.array([r.eagle_reserve for r in rule], dtype=np.int32)
         siblings = np.array([r.cache_siblings for r in rule], dtype=np.int32)
@@ -161,13 +270,12 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     use = np.zeros(b, dtype=bool)
     judged = lens > 0
     error = None
-    n = shape.draft_nodes
     siblings = np.broadcast_to(siblings, (b,))
-    grows = trees is not None and shape.allows_branches and n <= MAX_TREE_NODES
     described_trees = None  # the row trees of the rows asked, cut at the nodes described
     if scorer is not None and judged.any():
-        if grows and scorer.reads_trees and (want := np.flatnonzero(judged & (siblings > 0))).size:
-            described_trees = _described_trees(trees, want, lens, siblings, b, n)
+        grows_at_shape = trees is not None and shape.allows_branches and shape.draft_nodes <= MAX_TREE_NODES
+        if grows_at_shape and scorer.reads_trees and (want := np.flatnonzero(judged & (siblings > 0))).size:
+            described_trees = _described_trees(trees, want, lens, siblings, b, shape.draft_nodes)
         try:
             pred = predictions(scorer, drafts, StateBatch.of(states), described_trees)
         except Exception as e:  # onnxruntime raises its own types; a failed gate must not stop a server
@@ -180,18 +288,34 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     for i, s in enumerate(states):
         if lens[i]:
             s.record(drafts.draft_tokens(i))
-    cache, eagle = plan_rows(use, lens, shape, reserve)
+    if error is not None or step is None:
+        mode = StepMode(Tier(shape))
+    elif isinstance(step, CostRule):
+        mode, use = choose_mode(step, predicted.astype(np.float64), lens, use, int(reserve), context_tokens,
+                                shape.draft_nodes)
+    else:
+        mode = step
+    if mode.tier.shape is None:
+        return BatchPlan.plain(b, predicted)
+    at = mode.tier.shape
+    if not mode.eagle3:
+        use, reserve = judged, 0
+    cache, eagle = plan_rows(use, lens, at, reserve)
+    if not mode.eagle3:
+        eagle[:] = 0
+    n = at.draft_nodes
     tokens = np.full((b, n), -1, dtype=np.int32)
     w = min(n, drafts.width)
     tokens[:, :w] = drafts.tokens[:, :w]
     parents = np.broadcast_to(np.arange(-1, n - 1, dtype=np.int32), (b, n)).copy()  # chains
-    if grows:
+    if trees is not None and at.allows_branches and n <= MAX_TREE_NODES and n == shape.draft_nodes:
         share = n - np.minimum(reserve, n - 1)  # the cache branch's most nodes, per row or for all
         room = np.flatnonzero(use & (siblings > 0) & (cache < share))
         if len(room):
             if described_trees is None:
                 described_trees = _described_trees(trees, room, lens, siblings, b, n)
             grown = np.minimum(described_trees.lengths[room], np.broadcast_to(share, (b,))[room]).astype(np.int32)
-            cache[room], eagle[room] = grown, n - grown
+            cache[room] = grown
+            eagle[room] = n - grown if mode.eagle3 else 0
             tokens[room], parents[room] = described_trees.tokens[room], described_trees.parents[room]
-    return BatchPlan(cache, eagle, tokens, parents, predicted, error)
+    return BatchPlan(cache, eagle, tokens, parents, predicted, error, tier=mode.tier, eagle3=bool(np.any(eagle > 0)))

@@ -12,6 +12,13 @@ response enters the global cache token by token as it is generated (the drafter'
 rule, as in the server), so requests in flight together draft only from what the others
 have generated so far, where sequential replay sees every earlier response whole.
 
+With a step-time profile (step_profile.py) every verify step is also timed: the
+profile's time for the step's tier at its batch and context (the running requests'
+prompts and outputs so far), EAGLE3's draft forwards when some row verifies EAGLE3
+nodes, HVD's host time when the planner is HVD's; each row carries an equal share, so
+per-source times add up to the whole. Prefills are not timed (the same for every
+policy).
+
 With ``concurrency`` 1 this walks the requests in file order, as ``simulate`` with
 ``prefill_first`` does, and plans every row alike (tests/test_serving_core.py).
 """
@@ -21,16 +28,60 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
+from ..decision import BatchPlan
 from ..drafter.row_tree import row_path
-from ..serving.stepper import HVDStepper
+from ..step_profile import HOST_NONE, StepProfile
+from ..tiers import Tier
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream, RowPlan, VerifyModel
 from .metrics import SourceTally, overall
 
 PREFILL_ROW = RowPlan(0, 0)
+
+
+class Planner(Protocol):
+    """What fleet replay drives: the serving stepper (serving/stepper.py), or a baseline
+    that drafts nothing (FixedPlanner, adaptive.AdaptiveEagle3Planner)."""
+
+    host: str  # the host work its steps pay (step_profile.HOST_HVD, HOST_DRAFTS or HOST_NONE)
+
+    def sync(self, rid: str, prompt_ids, output_ids) -> None: ...
+
+    def finish(self, rid: str) -> None: ...
+
+    def plan(self, rids: Sequence[str]) -> BatchPlan: ...
+
+    def verified(self, rids: Sequence[str], accepts: Sequence[int]) -> None: ...
+
+
+class FixedPlanner:
+    """Drafts nothing: every row at ``tier`` verifies EAGLE3's draft (``eagle3@T``), or
+    takes a plain step at ``off`` (``greedy``)."""
+
+    host = HOST_NONE
+
+    def __init__(self, tier: Tier):
+        self.tier = tier
+        self.modes: dict[str, int] = {}
+
+    def sync(self, rid: str, prompt_ids, output_ids) -> None:
+        pass
+
+    def finish(self, rid: str) -> None:
+        pass
+
+    def plan(self, rids: Sequence[str]) -> BatchPlan:
+        self.modes[self.tier.name] = self.modes.get(self.tier.name, 0) + 1
+        if self.tier.shape is None:
+            return BatchPlan.plain(len(rids))
+        return BatchPlan.all_eagle3(len(rids), self.tier.draft_nodes, self.tier)
+
+    def verified(self, rids: Sequence[str], accepts: Sequence[int]) -> None:
+        pass
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,6 +98,7 @@ class FleetResult:
     sources: dict[str, SourceTally]
     emitted: dict[str, list[int]]  # what each request emitted (the recording, if the yield model is right)
     batch_sizes: list[int]  # rows per verify step
+    time_ms: float = 0.0  # modelled decode time of every verify step (0 without a profile)
 
     @property
     def overall(self) -> SourceTally:
@@ -66,11 +118,12 @@ def conversations_of(records: Sequence[TraceRecord]) -> list[list[TraceRecord]]:
     return [sorted(turns, key=lambda r: r.turn) for turns in convs.values()]
 
 
-def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStepper, model: VerifyModel,
+def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: Planner, model: VerifyModel,
                 concurrency: int, policy: str = "hvd",
-                on_step: Callable[[FleetStep], None] | None = None) -> FleetResult:
+                on_step: Callable[[FleetStep], None] | None = None,
+                profile: StepProfile | None = None) -> FleetResult:
     """Serve ``conversations`` (each a list of turns in order) through ``stepper``;
-    tallies under the name ``policy`` per source."""
+    tallies under the name ``policy`` per source, timed by ``profile`` when given."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     waiting = collections.deque(collections.deque(turns) for turns in conversations if turns)
@@ -78,6 +131,7 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStep
     emitted: dict[str, list[int]] = {}
     running: dict[str, tuple[TraceRecord, collections.deque, Eagle3Stream]] = {}
     batch_sizes: list[int] = []
+    total_ms = 0.0
     in_flight = 0  # conversations holding a slot
 
     def start(turns: collections.deque) -> None:
@@ -117,6 +171,13 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStep
         for rid in rids:
             stepper.sync(rid, running[rid][0].prompt_ids, emitted[rid])
         plans = stepper.plan(rids)
+        row_ms = 0.0
+        if profile is not None:
+            context = sum(len(running[rid][0].prompt_ids) + len(emitted[rid]) for rid in rids)
+            step_ms = profile.step_ms(plans.tier or Tier(model.shape), len(rids), context, eagle3=plans.eagle3,
+                                      host=stepper.host)
+            total_ms += step_ms
+            row_ms = step_ms / len(rids)
         accepts = np.zeros(len(rids), dtype=np.int64)
         for i, rid in enumerate(rids):
             r, _, stream = running[rid]
@@ -127,7 +188,7 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStep
                                     plans.cache_parents[i, : plan.cache_len].tolist(),
                                     r.output_ids[pos : pos + plan.cache_len].tolist()))
             out = min(model.out_len(plan, accepted, stream), len(r.output_ids) - pos)
-            sources[r.source].policy(policy).add_step(plan, out, accepted)
+            sources[r.source].policy(policy).add_step(plan, out, accepted, row_ms)
             emitted[rid].extend(r.output_ids[pos : pos + out].tolist())
             accepts[i] = out - 1
             if on_step is not None:
@@ -137,5 +198,5 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: HVDStep
         for rid in rids:
             if len(emitted[rid]) >= len(running[rid][0].output_ids):
                 end(rid)
-    return FleetResult(sources, emitted, batch_sizes)
+    return FleetResult(sources, emitted, batch_sizes, total_ms)
 

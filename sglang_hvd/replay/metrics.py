@@ -6,6 +6,9 @@ cache_pick_rate     share of cycles whose row held a cache branch (chain or two-
 two_branch_rate     share of cycles whose row held a cache branch and EAGLE3 nodes
 mean_cache_accept   mean cache tokens accepted over those verifies (bonus excluded)
 cache_high_share    share of those verifies that accepted >= 6 cache tokens (high payoff)
+time_per_1k         modelled decode time per 1,000 output tokens, in milliseconds, under a
+                    step-time profile (fleet replay with --profile; absent without one)
+tokens_per_s        output tokens per second of that modelled time
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ class PolicyTally:
     cache_draft_tokens: int = 0  # cache tokens verified
     eagle3_steps: int = 0
     two_branch_steps: int = 0
+    time_ms: float = 0.0  # modelled time of these verifies (a profile's, shared equally by a step's rows)
 
-    def add_step(self, plan: RowPlan, out_len: int, accept_len: int) -> None:
-        """One verify of ``plan``; ``accept_len``: the cache draft's LCP (capped at the row)."""
+    def add_step(self, plan: RowPlan, out_len: int, accept_len: int, time_ms: float = 0.0) -> None:
+        """One verify of ``plan``; ``accept_len``: the cache draft's LCP (capped at the row);
+        ``time_ms``: this row's share of the step's modelled time."""
         self.cycles += 1
+        self.time_ms += time_ms
         self.tokens += out_len
         if plan.cache_len:
             accepted = min(accept_len, plan.cache_len)
@@ -50,7 +56,10 @@ class PolicyTally:
     def to_json(self) -> dict[str, float]:
         c = max(self.cycles, 1)
         cs = max(self.cache_steps, 1)
+        timed = {"time_per_1k": 1000.0 * self.time_ms / max(self.tokens, 1),
+                 "tokens_per_s": 1000.0 * self.tokens / self.time_ms} if self.time_ms > 0 else {}
         return {
+            **timed,
             "cycles_per_1k": 1000.0 * self.cycles / max(self.tokens, 1),
             "tokens_per_verify": self.tokens / c,
             "cache_pick_rate": self.cache_steps / c,

@@ -19,12 +19,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..decision import BatchPlan, DecisionRule, decide
+from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, decide
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, is_chain, row_path
 from ..request_state import RequestState
 from ..scorer import ServedScorer
+from ..step_profile import HOST_HVD
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
 from .status import rates
@@ -69,15 +70,19 @@ class StepStats:
     eagle3_accepted: int = 0  # EAGLE3 tokens accepted (its rows and its branch wins)
     gate_errors: int = 0
     cpu_us_total: float = 0.0
+    modes: dict[str, int] = dataclasses.field(default_factory=dict)  # steps per StepMode name (a cost rule's picks)
 
 
 class HVDStepper:
+    host = HOST_HVD  # the host work of a step (step_profile): drafts, features, gate, row trees
+
     def __init__(self, drafter: Drafter, gate: ServedScorer | None, shape: VerifyShape,
                  rule: DecisionRule | None = None, recorder=None, tokenizer: TokenizerId | None = None,
-                 source: str = "served"):
+                 source: str = "served", step: StepMode | CostRule | None = None):
         self.drafter = drafter
         self.gate = gate
         self.shape = shape
+        self.step = step  # None: every step at ``shape`` with EAGLE3; a CostRule picks per step
         self.rule = rule if rule is not None else (gate.rule if gate is not None else DecisionRule())
         self.recorder = recorder
         self.tokenizer = tokenizer or TokenizerId("unknown", "unknown")
@@ -149,7 +154,12 @@ class HVDStepper:
         def trees(rows: np.ndarray) -> RowTreeBatch:  # the drafted rows (tree features) or those with room
             return self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
 
-        plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees)
+        context = sum(len(s.prompt) + len(s.output) for s in states) if isinstance(self.step, CostRule) else 0
+        plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees,
+                       step=self.step, context_tokens=context)
+        if plans.tier is not None:
+            name = StepMode(plans.tier, plans.eagle3).name  # what the step ran
+            self.stats.modes[name] = self.stats.modes.get(name, 0) + 1
         if plans.gate_error is not None:
             self.stats.gate_errors += 1
             if not self._gate_error_logged:

@@ -1,0 +1,123 @@
+"""Policies by load: fleet replay of every policy at several concurrencies, timed by a
+step-time profile (``hvd eval --concurrency``).
+
+Policy names (a static tier T written TOPK-STEPS-NODES, tiers.py):
+  greedy           no speculation
+  eagle3@T         EAGLE3's draft at every row, tier T
+  eagle3_adaptive  SGLang's adaptive EAGLE3 (replay/adaptive.py) over its default tiers
+  cache_only@T     SuffixDecoding at tier T: a row with a cache draft verifies it, any
+                   other row takes a plain step; no EAGLE3 draft
+  hvd@T            today's cost-blind HVD: the gate's decision at tier T
+  hvd              cost-aware HVD: the decision picks the tier (and whether EAGLE3
+                   drafts) per step from the gate's payoffs and the profile (decision.CostRule)
+
+cache_only pays the profile's host time of its drafts, HVD that and its decision's; the
+EAGLE3 baselines and greedy pay none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from ..decision import CostRule, StepMode
+from ..drafter import create_drafter
+from ..drafter.native_drafter import default_drafter_name
+from ..gate import Gate
+from ..serving.stepper import HVDStepper
+from ..step_profile import HOST_DRAFTS, StepProfile
+from ..tiers import Tier
+from ..trace import TraceRecord
+from ..verify import VerifyModel
+from .adaptive import AdaptiveEagle3Planner
+from .fleet import FixedPlanner, FleetResult, Planner, serve_fleet
+
+COST_AWARE = "hvd"
+STATIC_FAMILIES = ("hvd", "eagle3", "cache_only")
+
+
+def policy_names(static_tiers: Sequence[Tier]) -> list[str]:
+    names = ["greedy", "eagle3_adaptive"]
+    for family in ("eagle3", "cache_only", "hvd"):
+        names += [f"{family}@{t.name}" for t in static_tiers if t.speculates]
+    return names + [COST_AWARE]
+
+
+def parse_policy(name: str) -> tuple[str, Tier | None]:
+    """``"hvd@4-3-16"`` -> ("hvd", Tier(4-3-16)); ``"greedy"`` -> ("greedy", None)."""
+    family, sep, tier = name.partition("@")
+    if not sep:
+        if family not in ("greedy", "eagle3_adaptive", COST_AWARE):
+            raise ValueError(f"unknown policy {name!r}")
+        return family, None
+    if family not in STATIC_FAMILIES:
+        raise ValueError(f"unknown policy {name!r}; a tiered policy is eagle3@T, cache_only@T or hvd@T")
+    return family, Tier.parse(tier)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadSettings:
+    gate: Gate
+    model: VerifyModel  # the served shape (the widest tier) and the EAGLE3 curve
+    profile: StepProfile
+    tiers: tuple[Tier, ...]  # what cost-aware HVD chooses from
+    drafter: str = ""  # registered drafter name ("": the fastest built)
+
+
+def make_planner(name: str, s: LoadSettings) -> Planner:
+    family, tier = parse_policy(name)
+    if family == "greedy":
+        return FixedPlanner(Tier())
+    if family == "eagle3_adaptive":
+        return AdaptiveEagle3Planner()
+    if family == "eagle3":
+        return FixedPlanner(tier)
+    drafter = create_drafter(s.drafter or default_drafter_name(), s.gate.drafter_config)
+    if family == "cache_only":
+        stepper = HVDStepper(drafter, None, s.model.shape, rule=s.gate.rule, step=StepMode(tier, eagle3=False))
+        stepper.host = HOST_DRAFTS  # SuffixDecoding pays for its drafts, not for a decision
+        return stepper
+    if tier is not None:  # hvd@T
+        return HVDStepper(drafter, s.gate, s.model.shape, step=StepMode(tier))
+    return HVDStepper(drafter, s.gate, s.model.shape, step=CostRule(s.profile, s.model.eagle3, s.tiers))
+
+
+@dataclasses.dataclass(slots=True)
+class LoadRun:
+    policy: str
+    concurrency: int
+    result: FleetResult
+    modes: dict[str, int]  # steps per tier (and /cache: no EAGLE3 draft) the policy ran
+    seconds: float
+
+
+def run_by_load(conversations: Sequence[Sequence[TraceRecord]], names: Sequence[str], concurrencies: Sequence[int],
+                s: LoadSettings, on_run: Callable[[LoadRun], None] | None = None) -> list[LoadRun]:
+    runs = []
+    for c in concurrencies:
+        for name in names:
+            started = time.perf_counter()
+            planner = make_planner(name, s)
+            result = serve_fleet(conversations, planner, s.model, c, policy=name, profile=s.profile)
+            modes = planner.stats.modes if isinstance(planner, HVDStepper) else planner.modes
+            run = LoadRun(name, c, result, dict(modes), time.perf_counter() - started)
+            runs.append(run)
+            if on_run is not None:
+                on_run(run)
+    return runs
+
+
+def by_concurrency_json(runs: Sequence[LoadRun]) -> dict:
+    """``{"C": {"policies": {NAME: figures}, "sources": {SRC: {"policies": ...}}}}``."""
+    out: dict[str, dict] = {}
+    for run in runs:
+        level = out.setdefault(str(run.concurrency), {"policies": {}, "sources": {}})
+        figures = run.result.overall.policy(run.policy).to_json()
+        steps = sum(run.modes.values())
+        figures["modes"] = {m: n / steps for m, n in sorted(run.modes.items())} if steps else {}
+        level["policies"][run.policy] = figures
+        for src, tally in run.result.sources.items():
+            level["sources"].setdefault(src, {"policies": {}})["policies"][run.policy] = tally.policy(
+                run.policy).to_json()
+    return out

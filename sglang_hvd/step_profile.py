@@ -1,0 +1,303 @@
+"""Step-time profile: what one decode step costs, in milliseconds, by batch, row width and
+context. One typed, versioned JSON record (``profile.json``).
+
+Three terms, each a small roofline-shaped formula whose constants are fitted to
+measurements (``hvd profile``) or, for the shipped estimates, derived from a model's
+size and a GPU's bandwidth and throughput:
+
+  verify(B, N, C)   one target forward over B rows of N tokens (N = 1: a plain decode
+                    step) with C context tokens in all rows together:
+                      fixed_ms + per_context_token_ms * C + per_token_ms * max(knee_tokens, B * N)
+                    Below ``knee_tokens`` query tokens the forward is memory-bound (the
+                    weights are read once, whatever B * N is), above it compute-bound;
+                    attention reads every row's KV once whatever N is.
+  eagle3(B, S, K, C)  EAGLE3's draft forwards for a verify of S steps at topk K:
+                      fixed_ms + S * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C)
+                    (``fixed_ms``: the draft-extend forward after the verify and the tree
+                    build). A step none of whose rows verifies an EAGLE3 branch skips it.
+  hvd_cpu(B)        HVD's own host time per step: the cache drafts, and the decision
+                    (features, gate, row trees):
+                      fixed_ms + (draft_per_row_ms + decide_per_row_ms) * B
+                    SuffixDecoding alone (cache_only) pays fixed_ms + draft_per_row_ms * B.
+
+  step = verify + eagle3 (when drafted) + hvd_cpu (HVD's, or the drafts' alone)
+
+Shipped estimates (``ESTIMATES``; labelled ``kind: estimate``, used until a measured
+profile exists) come from ``roofline``: Qwen3-8B in bf16 (16.4 GB of weights read per
+forward, 15.1 GFLOP per token, 147,456 bytes of KV per context token: 36 layers x 8 KV
+heads x 128 x K and V x 2 bytes), its EAGLE3 head (one decoder layer and a 32k-vocab
+lm_head, ~0.35 B parameters, 4,096 KV bytes per context token), on an H200 (4.0 TB/s and
+600 TFLOP/s usable, of 4.8 TB/s and 989 TFLOP/s peak) or an H100 SXM (2.8 TB/s and 550
+TFLOP/s usable). Launch overheads: 0.4 ms per target forward, 0.3 ms per draft step and
+0.5 ms of draft extend and tree build per verify, the order CUDA-graphed decode steps show.
+Attention FLOPs and sampling are left out. An estimate, not a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import HvdInputError
+from .jsonl import write_json
+from .tiers import Tier
+
+PROFILE_FORMAT = 1
+KINDS = ("estimate", "measured")
+
+
+def _check(owner: str, **values: float) -> None:
+    for name, v in values.items():
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise ValueError(f"{owner}.{name} must be a finite number >= 0, got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForwardCost:
+    """A target forward: fixed_ms + per_context_token_ms * C + per_token_ms * max(knee_tokens, B * N)."""
+
+    fixed_ms: float
+    per_token_ms: float
+    knee_tokens: float
+    per_context_token_ms: float
+
+    def __post_init__(self):
+        _check("verify", fixed_ms=self.fixed_ms, per_token_ms=self.per_token_ms, knee_tokens=self.knee_tokens,
+               per_context_token_ms=self.per_context_token_ms)
+
+    def ms(self, batch: int, tokens_per_row: int, context_tokens: float) -> float:
+        return (self.fixed_ms + self.per_context_token_ms * context_tokens
+                + self.per_token_ms * max(self.knee_tokens, batch * tokens_per_row))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DraftCost:
+    """EAGLE3's drafting per verify: fixed_ms + S * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C)."""
+
+    fixed_ms: float
+    per_step_ms: float
+    per_token_ms: float
+    per_context_token_ms: float
+
+    def __post_init__(self):
+        _check("eagle3", fixed_ms=self.fixed_ms, per_step_ms=self.per_step_ms, per_token_ms=self.per_token_ms,
+               per_context_token_ms=self.per_context_token_ms)
+
+    def ms(self, batch: int, steps: int, topk: int, context_tokens: float) -> float:
+        return self.fixed_ms + steps * (self.per_step_ms + self.per_token_ms * batch * topk
+                                        + self.per_context_token_ms * context_tokens)
+
+
+HOST_NONE, HOST_DRAFTS, HOST_HVD = "none", "drafts", "hvd"  # what host work a step pays (StepProfile.step_ms)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostCost:
+    """HVD's host time per step: fixed_ms + (draft_per_row_ms + decide_per_row_ms) * B."""
+
+    fixed_ms: float
+    draft_per_row_ms: float
+    decide_per_row_ms: float
+
+    def __post_init__(self):
+        _check("hvd_cpu", fixed_ms=self.fixed_ms, draft_per_row_ms=self.draft_per_row_ms,
+               decide_per_row_ms=self.decide_per_row_ms)
+
+    def ms(self, batch: int, host: str = HOST_HVD) -> float:
+        if host == HOST_NONE:
+            return 0.0
+        per_row = self.draft_per_row_ms + (self.decide_per_row_ms if host == HOST_HVD else 0.0)
+        return self.fixed_ms + per_row * batch
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepProfile:
+    """What a decode step costs on one deployment (model pair, hardware, SGLang flags)."""
+
+    name: str
+    kind: str  # "estimate" or "measured"
+    target_model: str
+    draft_model: str
+    hardware: str
+    verify: ForwardCost
+    eagle3: DraftCost
+    hvd_cpu: HostCost
+    note: str = ""
+    fit_error: dict[str, float] = dataclasses.field(default_factory=dict)  # mean |predicted/measured - 1| per term
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"profile kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
+    def step_ms(self, tier: Tier, batch: int, context_tokens: float, eagle3: bool, host: str = HOST_HVD) -> float:
+        """One decode step of ``batch`` rows at ``tier``: the verify forward, EAGLE3's
+        draft forwards when ``eagle3`` (a speculating tier only), and ``host`` work:
+        HOST_HVD (drafts and decision), HOST_DRAFTS (cache drafts alone) or HOST_NONE."""
+        t = self.verify.ms(batch, tier.tokens_per_row, context_tokens)
+        if eagle3 and tier.shape is not None:
+            t += self.eagle3.ms(batch, tier.shape.steps, tier.shape.topk, context_tokens)
+        return t + self.hvd_cpu.ms(batch, host)
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.kind}: {self.target_model} + {self.draft_model} on {self.hardware})"
+
+    def to_json(self) -> dict:
+        return {"format_version": PROFILE_FORMAT, "name": self.name, "kind": self.kind,
+                "target_model": self.target_model, "draft_model": self.draft_model, "hardware": self.hardware,
+                "note": self.note, "verify": dataclasses.asdict(self.verify),
+                "eagle3": dataclasses.asdict(self.eagle3), "hvd_cpu": dataclasses.asdict(self.hvd_cpu),
+                "fit_error": dict(self.fit_error)}
+
+    @classmethod
+    def from_json(cls, d: dict, where: str = "profile") -> StepProfile:
+        if not isinstance(d, dict):
+            raise HvdInputError(f"{where}: expected a JSON object (a step-time profile from `hvd profile`)")
+        version = d.get("format_version")
+        if version != PROFILE_FORMAT:
+            raise HvdInputError(f"{where}: profile format_version {version!r}, this sglang-hvd reads "
+                                f"{PROFILE_FORMAT}; remake it with `hvd profile`")
+        try:
+            return cls(name=str(d["name"]), kind=str(d["kind"]), target_model=str(d["target_model"]),
+                       draft_model=str(d["draft_model"]), hardware=str(d["hardware"]), note=str(d.get("note", "")),
+                       verify=ForwardCost(**d["verify"]), eagle3=DraftCost(**d["eagle3"]),
+                       hvd_cpu=HostCost(**d["hvd_cpu"]),
+                       fit_error={str(k): float(v) for k, v in d.get("fit_error", {}).items()})
+        except KeyError as e:
+            raise HvdInputError(f"{where}: the profile lacks {e}; remake it with `hvd profile`") from None
+        except (TypeError, ValueError) as e:
+            raise HvdInputError(f"{where}: bad profile ({e}); remake it with `hvd profile`") from None
+
+    def write(self, path: str) -> None:
+        write_json(path, self.to_json())
+
+
+def roofline(name: str, hardware: str, bandwidth_tb_s: float, tflop_s: float, weight_gb: float = 16.4,
+             gflop_per_token: float = 15.1, kv_bytes_per_token: float = 147_456, draft_params_b: float = 0.35,
+             draft_kv_bytes_per_token: float = 4_096, forward_overhead_ms: float = 0.4,
+             draft_step_overhead_ms: float = 0.3, draft_fixed_ms: float = 0.5,
+             hvd_cpu: HostCost = HostCost(0.15, 0.01, 0.02)) -> StepProfile:
+    """A profile from first principles (the module docstring's formula and constants)."""
+    bw = bandwidth_tb_s * 1e12  # bytes/s
+    flops = tflop_s * 1e12
+    per_token_ms = gflop_per_token * 1e9 / flops * 1e3
+    weights_ms = weight_gb * 1e9 / bw * 1e3
+    verify = ForwardCost(forward_overhead_ms, per_token_ms, weights_ms / per_token_ms, kv_bytes_per_token / bw * 1e3)
+    draft_weights_ms = 2 * draft_params_b * 1e9 / bw * 1e3  # bf16
+    eagle3 = DraftCost(draft_fixed_ms, draft_step_overhead_ms + draft_weights_ms,
+                       2 * draft_params_b * 1e9 / flops * 1e3, draft_kv_bytes_per_token / bw * 1e3)
+    return StepProfile(name=name, kind="estimate", target_model="Qwen/Qwen3-8B",
+                       draft_model="EAGLE3 head for Qwen3-8B", hardware=hardware, verify=verify, eagle3=eagle3,
+                       hvd_cpu=hvd_cpu, note=f"roofline estimate: {bandwidth_tb_s} TB/s, {tflop_s} TFLOP/s usable, "
+                       f"{weight_gb} GB of weights, {gflop_per_token} GFLOP per token (sglang_hvd/step_profile.py)")
+
+
+ESTIMATES = {
+    "qwen3-8b-h200": lambda: roofline("qwen3-8b-h200", "NVIDIA H200", 4.0, 600.0),
+    "qwen3-8b-h100": lambda: roofline("qwen3-8b-h100", "NVIDIA H100 SXM", 2.8, 550.0),
+}
+DEFAULT_PROFILE = "qwen3-8b-h200"
+
+
+def load_profile(spec: str) -> StepProfile:
+    """A shipped estimate by name (``qwen3-8b-h200``) or a profile file from ``hvd profile``."""
+    if spec in ESTIMATES:
+        return ESTIMATES[spec]()
+    try:
+        with open(spec) as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise HvdInputError(f"{spec}: no such profile file, and not a shipped estimate "
+                            f"({', '.join(ESTIMATES)}); make one with `hvd profile`") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise HvdInputError(f"{spec}: cannot read the profile ({e})") from None
+    return StepProfile.from_json(d, where=spec)
+
+
+# ------------------------------------------------------------------------------ fitting
+
+
+def _nnls(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least squares with every coefficient >= 0, by trying each subset of columns (a
+    handful of columns): ``(coefficients, sum of squared residuals)``."""
+    k = x.shape[1]
+    best, best_sse = np.zeros(k), float(np.sum(y ** 2))
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            if np.all(c >= 0):
+                sse = float(np.sum((x[:, cols] @ c - y) ** 2))
+                if sse < best_sse:
+                    best, best_sse = np.zeros(k), sse
+                    best[list(cols)] = c
+    return best, best_sse
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VerifySample:
+    batch: int
+    tokens_per_row: int
+    context_tokens: int
+    ms: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DraftSample:
+    batch: int
+    steps: int
+    topk: int
+    context_tokens: int
+    ms: float
+
+
+def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
+    """The ForwardCost closest to the samples in relative error: the knee is searched over
+    the sampled B * N (and 1), the other three constants fitted >= 0 at each."""
+    if len(samples) < 3:
+        raise ValueError(f"fitting a verify cost needs >= 3 samples, got {len(samples)}")
+    bn = np.array([s.batch * s.tokens_per_row for s in samples], dtype=np.float64)
+    ctx = np.array([s.context_tokens for s in samples], dtype=np.float64)
+    y = np.array([s.ms for s in samples], dtype=np.float64)
+    w = 1.0 / y  # relative error
+    best = None
+    for knee in sorted(set(bn.tolist()) | {1.0}):
+        x = np.stack([np.ones_like(y), ctx, np.maximum(knee, bn)], axis=1)
+        c, sse = _nnls(x * w[:, None], y * w)
+        if best is None or sse < best[0]:
+            best = (sse, knee, c)
+    _, knee, (fixed, per_ctx, per_tok) = best
+    return ForwardCost(float(fixed), float(per_tok), float(knee), float(per_ctx))
+
+
+def fit_draft(samples: Sequence[DraftSample]) -> DraftCost:
+    if len(samples) < 2:
+        raise ValueError(f"fitting a draft cost needs >= 2 samples, got {len(samples)}")
+    s = np.array([x.steps for x in samples], dtype=np.float64)
+    bk = np.array([x.batch * x.topk for x in samples], dtype=np.float64)
+    ctx = np.array([x.context_tokens for x in samples], dtype=np.float64)
+    y = np.array([x.ms for x in samples], dtype=np.float64)
+    w = 1.0 / y
+    c, _ = _nnls(np.stack([np.ones_like(y), s, s * bk, s * ctx], axis=1) * w[:, None], y * w)
+    return DraftCost(*(float(v) for v in c))
+
+
+def fit_host(batches: Sequence[int], draft_ms: Sequence[float], total_ms: Sequence[float]) -> HostCost:
+    """From the host time per step by batch: the drafts' part and the whole (drafts and decision)."""
+    if len(batches) < 2:
+        raise ValueError(f"fitting HVD's host cost needs >= 2 samples, got {len(batches)}")
+    b = np.asarray(batches, dtype=np.float64)
+    x = np.stack([np.ones_like(b), b], axis=1)
+    (fixed, per_row), _ = _nnls(x, np.asarray(total_ms, dtype=np.float64))
+    (_, draft_per_row), _ = _nnls(x, np.asarray(draft_ms, dtype=np.float64))
+    draft_per_row = min(draft_per_row, per_row)
+    return HostCost(float(fixed), float(draft_per_row), float(per_row - draft_per_row))
+
+
+def relative_error(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    """Mean |predicted / measured - 1|."""
+    p, m = np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64)
+    return float(np.mean(np.abs(p / m - 1.0))) if len(m) else 0.0

@@ -1,0 +1,84 @@
+"""Verify tiers: the shapes one server can verify at, no speculation included.
+
+A tier is a verify shape (``VerifyShape``: topk, steps, nodes), written
+``TOPK-STEPS-NODES`` (``4-3-16``, ``1-3-4``), or ``off``: a plain decode step, one token
+per row and no draft at all. The cost-aware decision (decision.py) picks one tier per
+step for the whole batch; every row of that step is planned at that tier's shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .verify import VerifyShape
+
+OFF = "off"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tier:
+    shape: VerifyShape | None = None  # None: no speculation
+
+    @property
+    def name(self) -> str:
+        s = self.shape
+        return OFF if s is None else f"{s.topk}-{s.steps}-{s.nodes}"
+
+    @property
+    def speculates(self) -> bool:
+        return self.shape is not None
+
+    @property
+    def tokens_per_row(self) -> int:
+        """Tokens one row of this tier's verify forward holds (N; 1 for a plain step)."""
+        return 1 if self.shape is None else self.shape.nodes
+
+    @property
+    def draft_nodes(self) -> int:
+        """Draft tokens per row (N-1; 0 for a plain step)."""
+        return 0 if self.shape is None else self.shape.draft_nodes
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, text: str) -> Tier:
+        """``"off"`` or ``"TOPK-STEPS-NODES"``: ``"4-3-16"`` -> Tier(VerifyShape(4, 3, 16))."""
+        t = text.strip().lower()
+        if t == OFF:
+            return cls()
+        parts = t.split("-")
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            topk, steps, nodes = (int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"bad tier {text!r}; expected off or TOPK-STEPS-NODES, e.g. 4-3-16 or 1-3-4") from None
+        try:
+            return cls(VerifyShape(topk, steps, nodes))
+        except ValueError as e:
+            raise ValueError(f"tier {text!r}: {e}") from None
+
+    @classmethod
+    def of(cls, shape: VerifyShape) -> Tier:
+        return cls(shape)
+
+
+def parse_tiers(text: str, with_off: bool = False) -> tuple[Tier, ...]:
+    """``"1-3-4,4-3-16"`` -> the tiers, in order, without repeats (``with_off``: ``off``
+    added in front when missing)."""
+    tiers: list[Tier] = [Tier()] if with_off else []
+    for item in text.split(","):
+        if item.strip():
+            t = Tier.parse(item)
+            if t not in tiers:
+                tiers.append(t)
+    if not tiers:
+        raise ValueError("name at least one tier, e.g. 1-3-4,4-3-16")
+    return tuple(tiers)
+
+
+DEFAULT_TIERS = "off,1-1-2,1-3-4,1-7-8,4-3-16"
+"""What the cost-aware decision chooses from unless told otherwise: no speculation, topk-1
+chains of 1, 3 and 7 draft tokens (SGLang's adaptive EAGLE3 steps 1, 3 and 7), and the
+recommended topk-4 tree of 16 nodes."""
