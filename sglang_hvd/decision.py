@@ -123,71 +123,72 @@ class StepMode:
 class CostRule:
     """Cost-aware verification: each step takes the StepMode with the most predicted tokens
     per second (``choose_mode``) among ``tiers`` (each with and without EAGLE3's draft),
-    timed by ``profile``; an EAGLE3 row at a tier yields ``eagle3``'s tokens at its nodes."""
+    timed by ``profile``; an EAGLE3 row at a tier yields ``eagle3_curve``'s tokens at its
+    nodes."""
 
     profile: StepProfile
     eagle3_curve: Eagle3Curve
     tiers: tuple[Tier, ...]
+    modes: tuple[StepMode, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    eagle3_tokens: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # curve by nodes 0..63
 
     def __post_init__(self):
         if not self.tiers:
             raise ValueError("a cost rule needs at least one tier")
-
-    def modes(self) -> tuple[StepMode, ...]:
-        out = []
+        modes = []
         for t in self.tiers:
-            out += [StepMode(t, True), StepMode(t, False)] if t.speculates else [StepMode(t, False)]
-        return tuple(out)
+            modes += [StepMode(t, True), StepMode(t, False)] if t.speculates else [StepMode(t, False)]
+        object.__setattr__(self, "modes", tuple(modes))
+        object.__setattr__(self, "eagle3_tokens", np.array(
+            [self.eagle3_curve.tokens(m) for m in range(MAX_TREE_NODES + 1)]))
 
 
 def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
-              curve: Eagle3Curve) -> tuple[np.ndarray, float]:
+              eagle3_tokens: np.ndarray) -> tuple[np.ndarray, float]:
     """The rows that verify their cache draft at ``mode``, and the tokens the step is
     expected to emit. A cache row of L nodes yields 1 + its expected accepted length at
     L (payoff.py), plus, beside M EAGLE3 nodes, P(its first token misses) x (the curve's
-    tokens at M - 1); an EAGLE3 row the curve's tokens at its nodes; a plain row 1.
-    Which rows take their cache draft:
+    tokens at M - 1); an EAGLE3 row the curve's tokens at its nodes (``eagle3_tokens``:
+    the curve by nodes); a plain row 1. Which rows take their cache draft:
 
       no EAGLE3 draft       every drafted row (a row slot is paid for anyway)
       a topk-1 tier         a row whose cache chain is expected to beat EAGLE3's
                             (the row holds one or the other)
       a tree tier (topk>1)  ``use``, the gate's calibrated threshold (its rows keep
                             EAGLE3 nodes beside the cache branch)
+
+    The rows' cache and EAGLE3 nodes are those ``plan_rows`` gives (before row trees).
     """
     b = len(lens)
     shape = mode.tier.shape
     if shape is None:
         return np.zeros(b, dtype=bool), float(b)
     n = shape.draft_nodes
-    judged = lens > 0
     if not mode.eagle3:
-        rows = judged
-    elif shape.allows_branches:
-        rows = use
-    else:
-        rows = judged & (payoff.accepted(n) > curve.tokens(n) - 1.0)
-    cache, eagle = plan_rows(rows, lens, shape, eagle_reserve if mode.eagle3 else 0)
-    is_cache = cache > 0
-    total = float(b + np.sum(np.where(is_cache, payoff.accepted(cache), 0.0)))
-    if mode.eagle3:
-        total += float(np.count_nonzero(~is_cache & (eagle > 0))) * (curve.tokens(n) - 1.0)
-        beside = np.flatnonzero(is_cache & (eagle > 0))
-        if len(beside):
-            miss = 1.0 - payoff.first_hit[beside]
-            total += float(np.sum(miss * (np.array([curve.tokens(int(m)) for m in eagle[beside]]) - 1.0)))
-    return rows, total
+        rows = lens > 0
+        return rows, float(b + payoff.accepted(np.minimum(lens, n)).sum())
+    gain = eagle3_tokens[min(n, MAX_TREE_NODES)] - 1.0  # an EAGLE3 row's tokens beyond the bonus
+    if not shape.allows_branches:
+        chain = payoff.accepted(np.minimum(lens, n))
+        rows = (lens > 0) & (chain > gain)
+        return rows, float(b + np.where(rows, chain, gain).sum())
+    rows = use
+    cache = np.where(rows, np.minimum(lens, n - min(eagle_reserve, n - 1)), 0)
+    beside = np.where(rows, eagle3_tokens[np.minimum(n - cache, MAX_TREE_NODES)] - 1.0, 0.0)
+    total = b + np.where(rows, payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain).sum()
+    return rows, float(total)
 
 
 def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
                 context_tokens: float, cap: int) -> tuple[StepMode, np.ndarray]:
     """The StepMode of the most expected tokens per millisecond for this batch (the first
-    of equals, in ``cost.modes()`` order) and the rows that verify their cache draft at it.
+    of equals, in ``cost.modes`` order) and the rows that verify their cache draft at it.
     ``predicted``: the gate's accept_len, trained at ``cap`` nodes."""
     b = len(lens)
     payoff = Payoff(predicted, lens, cap)
     best, best_rows, best_rate = None, None, -1.0
-    for mode in cost.modes():
-        rows, tokens = mode_rows(mode, payoff, lens, use, eagle_reserve, cost.eagle3_curve)
+    for mode in cost.modes:
+        rows, tokens = mode_rows(mode, payoff, lens, use, eagle_reserve, cost.eagle3_tokens)
         ms = cost.profile.step_ms(mode.tier, b, context_tokens, eagle3=mode.eagle3)
         if tokens / ms > best_rate:
             best, best_rows, best_rate = mode, rows, tokens / ms
@@ -251,7 +252,7 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     nodes; ``step``: the StepMode every row is planned at (default: ``shape`` with
     EAGLE3), or a CostRule that picks it for this batch (``choose_mode``) from the scores
     and ``context_tokens`` (the batch's context, all rows together). Row trees grow cache
-    rows only at a tier of ``shape``'s nodes.
+    rows at tree tiers (topk > 1) of at most ``shape``'s nodes.
 
     A scorer that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
     at ``shape`` and the error is returned in ``gate_error``; without it (replay,
@@ -308,14 +309,17 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     w = min(n, drafts.width)
     tokens[:, :w] = drafts.tokens[:, :w]
     parents = np.broadcast_to(np.arange(-1, n - 1, dtype=np.int32), (b, n)).copy()  # chains
-    if trees is not None and at.allows_branches and n <= MAX_TREE_NODES and n == shape.draft_nodes:
+    if trees is not None and at.allows_branches and n <= min(MAX_TREE_NODES, shape.draft_nodes):
         share = n - np.minimum(reserve, n - 1)  # the cache branch's most nodes, per row or for all
         room = np.flatnonzero(use & (siblings > 0) & (cache < share))
         if len(room):
             if described_trees is None:
-                described_trees = _described_trees(trees, room, lens, siblings, b, n)
-            grown = np.minimum(described_trees.lengths[room], np.broadcast_to(share, (b,))[room]).astype(np.int32)
+                described_trees = _described_trees(trees, room, lens, siblings, b, shape.draft_nodes)
+            # a row tree lists parents before children: its first nodes are a tree too
+            grown = np.minimum(described(lens[room], siblings[room], n),
+                               np.minimum(described_trees.lengths[room], np.broadcast_to(share, (b,))[room]))
+            grown = grown.astype(np.int32)
             cache[room] = grown
             eagle[room] = n - grown if mode.eagle3 else 0
-            tokens[room], parents[room] = described_trees.tokens[room], described_trees.parents[room]
+            tokens[room], parents[room] = described_trees.tokens[room, :n], described_trees.parents[room, :n]
     return BatchPlan(cache, eagle, tokens, parents, predicted, error, tier=mode.tier, eagle3=bool(np.any(eagle > 0)))

@@ -78,7 +78,7 @@ def parse_tiers(text: str, with_off: bool = False) -> tuple[Tier, ...]:
     return tuple(tiers)
 
 
-DEFAULT_TIERS = "off,1-1-2,1-3-4,1-7-8,4-3-16"
+DEFAULT_TIERS = "off,1-1-2,1-3-4,1-7-8,4-1-4,4-2-8,4-3-16"
 """What the cost-aware decision chooses from unless told otherwise: no speculation, topk-1
-chains of 1, 3 and 7 draft tokens (SGLang's adaptive EAGLE3 steps 1, 3 and 7), and the
-recommended topk-4 tree of 16 nodes."""
+chains of 1, 3 and 7 draft tokens (SGLang's adaptive EAGLE3 steps 1, 3 and 7), and topk-4
+trees of 4, 8 and 16 nodes (16: the recommended static shape)."""

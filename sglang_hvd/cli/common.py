@@ -224,3 +224,17 @@ def float_list_in(low: float, high: float) -> Callable[[str], tuple[float, ...]]
 
     parse.__name__ = "float_list"
     return parse
+
+
+def int_list_in(low: int, high: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type: comma-separated integers, each in [low, high], without repeats (in order)."""
+    wanted = f"comma-separated integers in [{low}, {high}]"
+
+    def parse(text: str) -> tuple[int, ...]:
+        values = tuple(dict.fromkeys(_int_at_least(v.strip(), low, wanted, high) for v in text.split(",") if v.strip()))
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected {wanted}")
+        return values
+
+    parse.__name__ = "int_list"
+    return parse

@@ -17,6 +17,7 @@ from ..replay.simulate import simulate
 from ..replay.sweep import DEFAULT_GATE_THRESHOLDS, gate_metrics, sweep
 from ..report import Ticking, format_table, progress
 from ..trace import ReadReport, iter_traces, single_tokenizer
+from . import eval_load
 from .common import (
     FILE,
     add_examples,
@@ -25,6 +26,7 @@ from .common import (
     cli_entry,
     declare_outputs,
 )
+from .eval_load import add_load_flags
 from .options import (
     add_verify_flags,
     gate_threshold,
@@ -56,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate", required=True, metavar="GATE_DIR", help="gate directory written by `hvd train`")
     p.add_argument("--held-out", action="store_true",
                    help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
+    p.add_argument("--sources", metavar="S,...",
+                   help="evaluate only the records of these sources, e.g. tau-bench,swe-agent (default: all)")
     p.add_argument("--threshold", type=gate_threshold, metavar="T",
                    help="override the gate's threshold on predicted accept_len")
     p.add_argument("--eagle-reserve", type=row_nodes, metavar="M",
@@ -71,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="thresholds of the --plot sweep (default: %s)"
                    % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     add_verify_flags(p, gate_default="gate")
+    add_load_flags(p)
     add_skip_invalid_flag(p)
     add_json_flag(p)
     declare_outputs(p, plot=FILE)
@@ -78,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         'hvd eval dev.jsonl.gz --gate gate --held-out',
         'hvd eval dev.jsonl.gz --gate gate --held-out --eagle3-mean 1.75 --plot thresholds.png',
+        'hvd eval dev.jsonl.gz --gate gate --held-out --sources tau-bench,swe-agent --concurrency 1,8,32,64 '
+        '--requests turns --json by_load.json',
     )
     return p
 
@@ -107,14 +114,28 @@ def main(args: argparse.Namespace) -> int:
         if not keep:
             raise HvdInputError(f"{args.gate} held out no conversations (train with --test-fraction to use --held-out)")
         records = (r for r in records if r.conv_id in keep)
+    if args.sources:
+        wanted = {x.strip() for x in args.sources.split(",") if x.strip()}
+        records = (r for r in records if r.source in wanted)
     records = list(records)
     if not records:
         raise HvdInputError("no trace records to evaluate"
-                            + (" (none of the held-out conversations are in these files)" if args.held_out else ""))
+                            + (" (none of the held-out conversations are in these files)" if args.held_out else "")
+                            + (f" (none of source {args.sources})" if args.sources else ""))
     if records[0].tokenizer.digest != spec.tokenizer.digest:
         raise HvdInputError("the traces were tokenized with "
                             f"{records[0].tokenizer.name}@{records[0].tokenizer.digest}, "
                             f"the gate was trained on {spec.tokenizer.name}@{spec.tokenizer.digest}")
+    if args.concurrency:
+        if args.plot:
+            raise HvdInputError("--plot sweeps sequential replay; leave it out with --concurrency")
+        gate.rule = decision  # the flags' overrides, served by every hvd policy
+        out = eval_load.run(args, gate, model, records,
+                            {**decision.to_json(), "verify": model.to_json()})
+        if report.num_skipped:
+            print(report.summary())
+        eval_load.write(args.json, out)
+        return 0
     options = PolicyOptions(rule_thresholds=(rule,), eagle3_tokens=model.eagle3_tokens, gate=gate, decision=decision)
     policies = make_policies(list(POLICIES) + list(TREE_POLICIES if model.shape.allows_branches else ()), options)
     hvd = next(p for p in policies if isinstance(p, GatePolicy))

@@ -1,0 +1,107 @@
+"""``hvd eval --concurrency C,...``: every policy by fleet replay at each load, timed by a
+step-time profile (replay/by_load.py), and what cost-aware HVD gains."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import HvdInputError
+from ..jsonl import write_json
+from ..replay.by_load import COST_AWARE, LoadSettings, by_concurrency_json, policy_names, run_by_load
+from ..replay.fleet import conversations_of
+from ..report import format_table, progress
+from ..step_profile import DEFAULT_PROFILE, ESTIMATES, load_profile
+from ..tiers import DEFAULT_TIERS, parse_tiers
+from .common import int_list_in
+
+MAX_CONCURRENCY = 100_000
+REQUESTS = ("conversations", "turns")
+
+
+def tiers_flag(text: str):
+    try:
+        return parse_tiers(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_load_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("by load (fleet replay timed by a step-time profile)")
+    g.add_argument("--concurrency", type=int_list_in(1, MAX_CONCURRENCY), metavar="C,...",
+                   help="instead of sequential replay, fleet replay at each concurrency (requests in flight) of: "
+                        "greedy, eagle3@T, cache_only@T and hvd@T at each static tier, eagle3_adaptive (SGLang's "
+                        "--speculative-adaptive rule) and hvd (cost-aware: the tier picked per step); prints tokens/s "
+                        "and time per 1k tokens under --profile beside cycles")
+    g.add_argument("--profile", default=DEFAULT_PROFILE, metavar="P",
+                   help=f"step-time profile: a file from `hvd profile`, or a shipped estimate "
+                        f"({', '.join(ESTIMATES)}; default: %(default)s)")
+    g.add_argument("--tiers", type=tiers_flag, default=parse_tiers(DEFAULT_TIERS), metavar="T,...",
+                   help=f"the tiers cost-aware hvd chooses from, off or TOPK-STEPS-NODES (default: {DEFAULT_TIERS}); "
+                        "none may be wider than the gate's verify shape")
+    g.add_argument("--static-tiers", type=tiers_flag, metavar="T,...",
+                   help="the tiers of the static policies eagle3@T, cache_only@T, hvd@T (default: the speculating "
+                        "--tiers)")
+    g.add_argument("--requests", choices=REQUESTS, default="conversations",
+                   help="conversations: each conversation's turns in order, one after another (a conversation holds a "
+                        "slot); turns: every turn its own request, in file order (fills a load higher than the number "
+                        "of conversations; a turn may then start before the turn it follows has ended) "
+                        "(default: %(default)s)")
+
+
+def check_tiers(args: argparse.Namespace, shape) -> None:
+    for t in list(args.tiers) + list(args.static_tiers or ()):
+        if t.shape is not None and t.shape.nodes > shape.nodes:
+            raise HvdInputError(f"tier {t.name} verifies {t.shape.nodes} tokens per row, more than the gate's "
+                                f"{shape.describe()}; name tiers of at most {shape.nodes} nodes")
+
+
+def run(args: argparse.Namespace, gate, model, records, extra: dict) -> dict:
+    check_tiers(args, model.shape)
+    profile = load_profile(args.profile)
+    static = args.static_tiers or tuple(t for t in args.tiers if t.speculates)
+    convs = conversations_of(records) if args.requests == "conversations" else [[r] for r in records]
+    top = max(args.concurrency)
+    if top > len(convs):
+        hint = " (--requests turns serves every turn as its own request)" if args.requests == "conversations" else ""
+        print(f"note: concurrency {top} > {len(convs)} {args.requests}: at most {len(convs)} run at once{hint}")
+    names = policy_names(static)
+    settings = LoadSettings(gate, model, profile, tuple(args.tiers))
+    print(f"profile {profile.describe()}; cost-aware hvd chooses from {', '.join(t.name for t in args.tiers)}; "
+          f"{len(records):,} requests as {len(convs):,} {args.requests}", flush=True)
+    with progress(total=len(names) * len(args.concurrency), desc="by load", unit="run") as bar:
+        runs = run_by_load(convs, names, args.concurrency, settings, on_run=lambda r: bar.update(1))
+    out = {"by_concurrency": by_concurrency_json(runs), "profile": profile.to_json(),
+           "tiers": [t.name for t in args.tiers], "static_tiers": [t.name for t in static],
+           "requests": args.requests, **extra}
+    for c, level in out["by_concurrency"].items():
+        print_level(int(c), level["policies"])
+    return out
+
+
+def best_other(policies: dict, families: tuple[str, ...]) -> tuple[str, float]:
+    """The best tokens/s among policies whose name starts with none of ``families``."""
+    others = {n: p["tokens_per_s"] for n, p in policies.items() if not n.startswith(families)}
+    name = max(others, key=others.get)
+    return name, others[name]
+
+
+def print_level(c: int, policies: dict) -> None:
+    greedy = policies["greedy"]["tokens_per_s"]
+    rows = []
+    for name, p in policies.items():
+        top = sorted(p["modes"].items(), key=lambda kv: -kv[1])[:3]
+        rows.append((name, p["tokens_per_s"], p["time_per_1k"], p["cycles_per_1k"], p["tokens_per_s"] / greedy,
+                     " ".join(f"{m} {100 * s:.0f}%" for m, s in top)))
+    print(format_table(("policy", "tokens/s", "ms/1k", "cycles/1k", "x greedy", "steps by tier"), rows,
+                       title=f"\nconcurrency {c}"))
+    hvd = policies[COST_AWARE]["tokens_per_s"]
+    other, other_tps = best_other(policies, ("hvd",))
+    static, static_tps = max(((n, p["tokens_per_s"]) for n, p in policies.items() if n.startswith("hvd@")),
+                             key=lambda kv: kv[1], default=("-", float("nan")))
+    print(f"cost-aware hvd: {hvd / other_tps:.3f}x the best other policy ({other}), {hvd / greedy:.3f}x greedy, "
+          f"{hvd / static_tps:.3f}x the best static hvd ({static})")
+
+
+def write(path: str | None, out: dict) -> None:
+    if path:
+        write_json(path, out)
