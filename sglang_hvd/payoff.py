@@ -65,7 +65,3 @@ class Payoff:
         draft's tokens are checked."""
         return self._accepted[np.minimum(widths, self._lens), self._rows]
 
-
-def expected_accepted(predicted: np.ndarray, draft_lens: np.ndarray, cap: int, widths) -> np.ndarray:
-    """``Payoff(predicted, draft_lens, cap).accepted(widths)``."""
-    return Payoff(predicted, draft_lens, cap).accepted(widths)

@@ -2,8 +2,9 @@
 context. One typed, versioned JSON record (``profile.json``).
 
 Three terms, each a small roofline-shaped formula whose constants are fitted to
-measurements (``hvd profile``) or, for the shipped estimates, derived from a model's
-size and a GPU's bandwidth and throughput:
+measurements (``fit_*``; a measuring ``hvd profile`` command is planned, not built
+yet) or, for the shipped estimates, derived from a model's size and a GPU's bandwidth
+and throughput:
 
   verify(B, N, C)   one target forward over B rows of N tokens (N = 1: a plain decode
                     step) with C context tokens in all rows together:
@@ -156,11 +157,11 @@ class StepProfile:
     @classmethod
     def from_json(cls, d: dict, where: str = "profile") -> StepProfile:
         if not isinstance(d, dict):
-            raise HvdInputError(f"{where}: expected a JSON object (a step-time profile from `hvd profile`)")
+            raise HvdInputError(f"{where}: expected a JSON object (a step-time profile; {_FIX})")
         version = d.get("format_version")
         if version != PROFILE_FORMAT:
             raise HvdInputError(f"{where}: profile format_version {version!r}, this sglang-hvd reads "
-                                f"{PROFILE_FORMAT}; remake it with `hvd profile`")
+                                f"{PROFILE_FORMAT}; {_FIX}")
         try:
             return cls(name=str(d["name"]), kind=str(d["kind"]), target_model=str(d["target_model"]),
                        draft_model=str(d["draft_model"]), hardware=str(d["hardware"]), note=str(d.get("note", "")),
@@ -168,9 +169,9 @@ class StepProfile:
                        hvd_cpu=HostCost(**d["hvd_cpu"]),
                        fit_error={str(k): float(v) for k, v in d.get("fit_error", {}).items()})
         except KeyError as e:
-            raise HvdInputError(f"{where}: the profile lacks {e}; remake it with `hvd profile`") from None
+            raise HvdInputError(f"{where}: the profile lacks {e}; {_FIX}") from None
         except (TypeError, ValueError) as e:
-            raise HvdInputError(f"{where}: bad profile ({e}); remake it with `hvd profile`") from None
+            raise HvdInputError(f"{where}: bad profile ({e}); {_FIX}") from None
 
     def write(self, path: str) -> None:
         write_json(path, self.to_json())
@@ -201,10 +202,11 @@ ESTIMATES = {
     "qwen3-8b-h100": lambda: roofline("qwen3-8b-h100", "NVIDIA H100 SXM", 2.8, 550.0),
 }
 DEFAULT_PROFILE = "qwen3-8b-h200"
+_FIX = f"pass a shipped estimate instead ({', '.join(ESTIMATES)}) or a profile StepProfile.write wrote"
 
 
 def load_profile(spec: str) -> StepProfile:
-    """A shipped estimate by name (``qwen3-8b-h200``) or a profile file from ``hvd profile``."""
+    """A shipped estimate by name (``qwen3-8b-h200``) or a profile file (StepProfile.write)."""
     if spec in ESTIMATES:
         return ESTIMATES[spec]()
     try:
@@ -212,7 +214,7 @@ def load_profile(spec: str) -> StepProfile:
             d = json.load(f)
     except FileNotFoundError:
         raise HvdInputError(f"{spec}: no such profile file, and not a shipped estimate "
-                            f"({', '.join(ESTIMATES)}); make one with `hvd profile`") from None
+                            f"({', '.join(ESTIMATES)})") from None
     except (OSError, json.JSONDecodeError) as e:
         raise HvdInputError(f"{spec}: cannot read the profile ({e})") from None
     return StepProfile.from_json(d, where=spec)

@@ -59,10 +59,6 @@ class Tier:
         except ValueError as e:
             raise ValueError(f"tier {text!r}: {e}") from None
 
-    @classmethod
-    def of(cls, shape: VerifyShape) -> Tier:
-        return cls(shape)
-
 
 def parse_tiers(text: str, with_off: bool = False) -> tuple[Tier, ...]:
     """``"1-3-4,4-3-16"`` -> the tiers, in order, without repeats (``with_off``: ``off``

@@ -107,6 +107,7 @@ def main(args: argparse.Namespace) -> int:
                             "with no "
                             "room for siblings; evaluate at --verify-topk 2 or more, or leave --cache-siblings out")
     rule = args.rule_threshold if args.rule_threshold is not None else spec.rule_threshold or 3.0
+    profile = eval_load.check(args, model.shape) if args.concurrency else None
     report = ReadReport()
     records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
     if args.held_out:
@@ -130,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
         if args.plot:
             raise HvdInputError("--plot sweeps sequential replay; leave it out with --concurrency")
         gate.rule = decision  # the flags' overrides, served by every hvd policy
-        out = eval_load.run(args, gate, model, records,
+        out = eval_load.run(args, gate, model, profile, records,
                             {**decision.to_json(), "verify": model.to_json()})
         if report.num_skipped:
             print(report.summary())

@@ -33,7 +33,7 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
                         "--speculative-adaptive rule) and hvd (cost-aware: the tier picked per step); prints tokens/s "
                         "and time per 1k tokens under --profile beside cycles")
     g.add_argument("--profile", default=DEFAULT_PROFILE, metavar="P",
-                   help=f"step-time profile: a file from `hvd profile`, or a shipped estimate "
+                   help=f"step-time profile: a profile JSON file (sglang_hvd/step_profile.py), or a shipped estimate "
                         f"({', '.join(ESTIMATES)}; default: %(default)s)")
     g.add_argument("--tiers", type=tiers_flag, default=parse_tiers(DEFAULT_TIERS), metavar="T,...",
                    help=f"the tiers cost-aware hvd chooses from, off or TOPK-STEPS-NODES (default: {DEFAULT_TIERS}); "
@@ -55,9 +55,14 @@ def check_tiers(args: argparse.Namespace, shape) -> None:
                                 f"{shape.describe()}; name tiers of at most {shape.nodes} nodes")
 
 
-def run(args: argparse.Namespace, gate, model, records, extra: dict) -> dict:
-    check_tiers(args, model.shape)
-    profile = load_profile(args.profile)
+def check(args: argparse.Namespace, shape):
+    """The load flags checked before any work: the tiers against the gate's shape, and the
+    profile read. Returns the profile."""
+    check_tiers(args, shape)
+    return load_profile(args.profile)
+
+
+def run(args: argparse.Namespace, gate, model, profile, records, extra: dict) -> dict:
     static = args.static_tiers or tuple(t for t in args.tiers if t.speculates)
     convs = conversations_of(records) if args.requests == "conversations" else [[r] for r in records]
     top = max(args.concurrency)
