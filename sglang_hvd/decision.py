@@ -45,7 +45,7 @@ import numpy as np
 from .drafter.batch import DraftBatch, RowTreeBatch
 from .payoff import Payoff
 from .request_state import RequestState, StateBatch
-from .step_profile import StepProfile
+from .step_profile import EXTEND_EVERY_STEP, StepProfile
 from .tiers import Tier
 from .verify import MAX_TREE_NODES, Eagle3Curve, RowPlan, VerifyShape
 
@@ -124,11 +124,12 @@ class CostRule:
     """Cost-aware verification: each step takes the StepMode with the most predicted tokens
     per second (``choose_mode``) among ``tiers`` (each with and without EAGLE3's draft),
     timed by ``profile``; an EAGLE3 row at a tier yields ``eagle3_curve``'s tokens at its
-    nodes."""
+    nodes; ``extend``: when the server pays EAGLE3's draft extend (step_profile.EXTEND_*)."""
 
     profile: StepProfile
     eagle3_curve: Eagle3Curve
     tiers: tuple[Tier, ...]
+    extend: str = EXTEND_EVERY_STEP
     modes: tuple[StepMode, ...] = dataclasses.field(init=False, repr=False, compare=False)
     eagle3_tokens: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # curve by nodes 0..63
 
@@ -189,7 +190,7 @@ def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np
     best, best_rows, best_rate = None, None, -1.0
     for mode in cost.modes:
         rows, tokens = mode_rows(mode, payoff, lens, use, eagle_reserve, cost.eagle3_tokens)
-        ms = cost.profile.step_ms(mode.tier, b, context_tokens, eagle3=mode.eagle3)
+        ms = cost.profile.step_ms(mode.tier, b, context_tokens, eagle3=mode.eagle3, extend=cost.extend)
         if tokens / ms > best_rate:
             best, best_rows, best_rate = mode, rows, tokens / ms
     return best, best_rows

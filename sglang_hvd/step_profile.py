@@ -14,14 +14,20 @@ and throughput:
                     attention reads every row's KV once whatever N is.
   eagle3(B, S, K, C)  EAGLE3's draft forwards for a verify of S steps at topk K:
                       fixed_ms + S * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C)
-                    (``fixed_ms``: the draft-extend forward after the verify and the tree
-                    build). A step none of whose rows verifies an EAGLE3 branch skips it.
+                    (``fixed_ms``: building the tree from the steps' candidates). A step none
+                    of whose rows verifies an EAGLE3 branch skips them.
+  extend(B, C)      the draft model's extend after each verify (the accepted tokens through
+                    the draft model, for its next draft): a server that holds an EAGLE3 model
+                    runs it EVERY decode step, drafted or not (SGLang does so at steps 0 too,
+                    to keep the draft's KV cache warm):
+                      extend_ms + per_token_ms * B + per_context_token_ms * C
   hvd_cpu(B)        HVD's own host time per step: the cache drafts, and the decision
                     (features, gate, row trees):
                       fixed_ms + (draft_per_row_ms + decide_per_row_ms) * B
                     SuffixDecoding alone (cache_only) pays fixed_ms + draft_per_row_ms * B.
 
-  step = verify + eagle3 (when drafted) + hvd_cpu (HVD's, or the drafts' alone)
+  step = verify + eagle3 (when drafted) + extend (a server with a draft model)
+         + hvd_cpu (HVD's, or the drafts' alone)
 
 Shipped estimates (``ESTIMATES``; labelled ``kind: estimate``, used until a measured
 profile exists) come from ``roofline``: Qwen3-8B in bf16 (16.4 GB of weights read per
@@ -29,8 +35,9 @@ forward, 15.1 GFLOP per token, 147,456 bytes of KV per context token: 36 layers 
 heads x 128 x K and V x 2 bytes), its EAGLE3 head (one decoder layer and a 32k-vocab
 lm_head, ~0.35 B parameters, 4,096 KV bytes per context token), on an H200 (4.0 TB/s and
 600 TFLOP/s usable, of 4.8 TB/s and 989 TFLOP/s peak) or an H100 SXM (2.8 TB/s and 550
-TFLOP/s usable). Launch overheads: 0.4 ms per target forward, 0.3 ms per draft step and
-0.5 ms of draft extend and tree build per verify, the order CUDA-graphed decode steps show.
+TFLOP/s usable). Launch overheads: 0.4 ms per target forward, 0.3 ms per draft forward (a
+draft step, or the extend) and 0.1 ms to build a tree, the order CUDA-graphed decode steps
+show.
 Attention FLOPs and sampling are left out. An estimate, not a measurement.
 """
 
@@ -78,23 +85,33 @@ class ForwardCost:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DraftCost:
-    """EAGLE3's drafting per verify: fixed_ms + S * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C)."""
+    """EAGLE3's drafting per verify: fixed_ms + S * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C);
+    its extend, every step of a server that holds the draft model: extend_ms + per_token_ms * B
+    + per_context_token_ms * C."""
 
     fixed_ms: float
     per_step_ms: float
     per_token_ms: float
     per_context_token_ms: float
+    extend_ms: float
 
     def __post_init__(self):
         _check("eagle3", fixed_ms=self.fixed_ms, per_step_ms=self.per_step_ms, per_token_ms=self.per_token_ms,
-               per_context_token_ms=self.per_context_token_ms)
+               per_context_token_ms=self.per_context_token_ms, extend_ms=self.extend_ms)
 
     def ms(self, batch: int, steps: int, topk: int, context_tokens: float) -> float:
         return self.fixed_ms + steps * (self.per_step_ms + self.per_token_ms * batch * topk
                                         + self.per_context_token_ms * context_tokens)
 
+    def extend(self, batch: int, context_tokens: float) -> float:
+        return self.extend_ms + self.per_token_ms * batch + self.per_context_token_ms * context_tokens
+
 
 HOST_NONE, HOST_DRAFTS, HOST_HVD = "none", "drafts", "hvd"  # what host work a step pays (StepProfile.step_ms)
+# When a step pays EAGLE3's draft extend (StepProfile.step_ms): never (no draft model), every
+# step (SGLang's rule, steps 0 included), or only steps that draft (a catch-up extend over the
+# tokens accepted since the last one; not built in the server yet)
+EXTEND_NONE, EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED = "none", "every-step", "when-drafted"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,13 +152,18 @@ class StepProfile:
         if self.kind not in KINDS:
             raise ValueError(f"profile kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
 
-    def step_ms(self, tier: Tier, batch: int, context_tokens: float, eagle3: bool, host: str = HOST_HVD) -> float:
+    def step_ms(self, tier: Tier, batch: int, context_tokens: float, eagle3: bool, host: str = HOST_HVD,
+                extend: str = EXTEND_EVERY_STEP) -> float:
         """One decode step of ``batch`` rows at ``tier``: the verify forward, EAGLE3's
-        draft forwards when ``eagle3`` (a speculating tier only), and ``host`` work:
+        draft forwards when ``eagle3`` (a speculating tier only), its extend as ``extend``
+        says (EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED or EXTEND_NONE), and ``host`` work:
         HOST_HVD (drafts and decision), HOST_DRAFTS (cache drafts alone) or HOST_NONE."""
         t = self.verify.ms(batch, tier.tokens_per_row, context_tokens)
-        if eagle3 and tier.shape is not None:
+        drafted = eagle3 and tier.shape is not None
+        if drafted:
             t += self.eagle3.ms(batch, tier.shape.steps, tier.shape.topk, context_tokens)
+        if extend == EXTEND_EVERY_STEP or (extend == EXTEND_WHEN_DRAFTED and drafted):
+            t += self.eagle3.extend(batch, context_tokens)
         return t + self.hvd_cpu.ms(batch, host)
 
     def describe(self) -> str:
@@ -180,7 +202,7 @@ class StepProfile:
 def roofline(name: str, hardware: str, bandwidth_tb_s: float, tflop_s: float, weight_gb: float = 16.4,
              gflop_per_token: float = 15.1, kv_bytes_per_token: float = 147_456, draft_params_b: float = 0.35,
              draft_kv_bytes_per_token: float = 4_096, forward_overhead_ms: float = 0.4,
-             draft_step_overhead_ms: float = 0.3, draft_fixed_ms: float = 0.5,
+             draft_step_overhead_ms: float = 0.3, tree_build_ms: float = 0.1,
              hvd_cpu: HostCost = HostCost(0.15, 0.01, 0.02)) -> StepProfile:
     """A profile from first principles (the module docstring's formula and constants)."""
     bw = bandwidth_tb_s * 1e12  # bytes/s
@@ -189,8 +211,9 @@ def roofline(name: str, hardware: str, bandwidth_tb_s: float, tflop_s: float, we
     weights_ms = weight_gb * 1e9 / bw * 1e3
     verify = ForwardCost(forward_overhead_ms, per_token_ms, weights_ms / per_token_ms, kv_bytes_per_token / bw * 1e3)
     draft_weights_ms = 2 * draft_params_b * 1e9 / bw * 1e3  # bf16
-    eagle3 = DraftCost(draft_fixed_ms, draft_step_overhead_ms + draft_weights_ms,
-                       2 * draft_params_b * 1e9 / flops * 1e3, draft_kv_bytes_per_token / bw * 1e3)
+    eagle3 = DraftCost(tree_build_ms, draft_step_overhead_ms + draft_weights_ms,
+                       2 * draft_params_b * 1e9 / flops * 1e3, draft_kv_bytes_per_token / bw * 1e3,
+                       extend_ms=draft_step_overhead_ms + draft_weights_ms)
     return StepProfile(name=name, kind="estimate", target_model="Qwen/Qwen3-8B",
                        draft_model="EAGLE3 head for Qwen3-8B", hardware=hardware, verify=verify, eagle3=eagle3,
                        hvd_cpu=hvd_cpu, note=f"roofline estimate: {bandwidth_tb_s} TB/s, {tflop_s} TFLOP/s usable, "
@@ -275,7 +298,9 @@ def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
     return ForwardCost(float(fixed), float(per_tok), float(knee), float(per_ctx))
 
 
-def fit_draft(samples: Sequence[DraftSample]) -> DraftCost:
+def fit_draft(samples: Sequence[DraftSample], extend_ms: float) -> DraftCost:
+    """The draft forwards' constants from samples of S steps at topk K; ``extend_ms``: the
+    extend's measured fixed part (its per-token and context terms are the draft steps')."""
     if len(samples) < 2:
         raise ValueError(f"fitting a draft cost needs >= 2 samples, got {len(samples)}")
     s = np.array([x.steps for x in samples], dtype=np.float64)
@@ -284,7 +309,7 @@ def fit_draft(samples: Sequence[DraftSample]) -> DraftCost:
     y = np.array([x.ms for x in samples], dtype=np.float64)
     w = 1.0 / y
     c, _ = _nnls(np.stack([np.ones_like(y), s, s * bk, s * ctx], axis=1) * w[:, None], y * w)
-    return DraftCost(*(float(v) for v in c))
+    return DraftCost(*(float(v) for v in c), extend_ms=float(extend_ms))
 
 
 def fit_host(batches: Sequence[int], draft_ms: Sequence[float], total_ms: Sequence[float]) -> HostCost:

@@ -4,6 +4,10 @@ A tier is a verify shape (``VerifyShape``: topk, steps, nodes), written
 ``TOPK-STEPS-NODES`` (``4-3-16``, ``1-3-4``), or ``off``: a plain decode step, one token
 per row and no draft at all. The cost-aware decision (decision.py) picks one tier per
 step for the whole batch; every row of that step is planned at that tier's shape.
+
+One server verifies at tiers of its own topk only (SGLang's EAGLE3 draft worker drafts at
+one topk) and never wider than the shape it was started at: ``ladder(shape)`` is the set
+a server started at ``shape`` chooses from unless told otherwise.
 """
 
 from __future__ import annotations
@@ -74,7 +78,31 @@ def parse_tiers(text: str, with_off: bool = False) -> tuple[Tier, ...]:
     return tuple(tiers)
 
 
-DEFAULT_TIERS = "off,1-1-2,1-3-4,1-7-8,4-1-4,4-2-8,4-3-16"
-"""What the cost-aware decision chooses from unless told otherwise: no speculation, topk-1
-chains of 1, 3 and 7 draft tokens (SGLang's adaptive EAGLE3 steps 1, 3 and 7), and topk-4
-trees of 4, 8 and 16 nodes (16: the recommended static shape)."""
+def steps_for(topk: int, nodes: int) -> int:
+    """The fewest EAGLE3 steps whose tree at ``topk`` holds ``nodes - 1`` draft nodes
+    (``topk + (steps - 1) * topk**2 >= nodes - 1``; a chain: ``nodes - 1``)."""
+    if topk == 1:
+        return nodes - 1
+    steps = 1
+    while topk + (steps - 1) * topk ** 2 < nodes - 1:
+        steps += 1
+    return steps
+
+
+def ladder(shape: VerifyShape) -> tuple[Tier, ...]:
+    """``off`` and the served shape's tiers of halved widths down to 2 nodes, each drafted
+    in the fewest steps that fill it (the served shape keeps its own steps):
+    4-3-16 -> off, 4-1-2, 4-1-4, 4-2-8, 4-3-16; 1-3-4 -> off, 1-1-2, 1-3-4."""
+    tiers = [Tier(shape)]
+    nodes = shape.nodes // 2
+    while nodes >= 2:
+        tiers.append(Tier(VerifyShape(shape.topk, steps_for(shape.topk, nodes), nodes)))
+        nodes //= 2
+    return (Tier(),) + tuple(reversed(tiers))
+
+
+STATIC_TIERS = "1-1-2,1-3-4,1-7-8,4-1-2,4-1-4,4-2-8,4-3-16"
+"""The static shapes replay compares by load (eagle3@T, cache_only@T, hvd@T) unless told
+otherwise, those no wider than the gate's: topk-1 chains of 1, 3 and 7 draft tokens
+(SGLang's adaptive EAGLE3 steps 1, 3 and 7) and topk-4 trees of 2 to 16 nodes (4-3-16: the
+recommended static shape)."""

@@ -10,8 +10,8 @@ from ..jsonl import write_json
 from ..replay.by_load import COST_AWARE, LoadSettings, by_concurrency_json, policy_names, run_by_load
 from ..replay.fleet import conversations_of
 from ..report import format_table, progress
-from ..step_profile import DEFAULT_PROFILE, ESTIMATES, load_profile
-from ..tiers import DEFAULT_TIERS, parse_tiers
+from ..step_profile import DEFAULT_PROFILE, ESTIMATES, EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED, load_profile
+from ..tiers import STATIC_TIERS, ladder, parse_tiers
 from .common import int_list_in
 
 MAX_CONCURRENCY = 100_000
@@ -35,12 +35,18 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", default=DEFAULT_PROFILE, metavar="P",
                    help=f"step-time profile: a profile JSON file (sglang_hvd/step_profile.py), or a shipped estimate "
                         f"({', '.join(ESTIMATES)}; default: %(default)s)")
-    g.add_argument("--tiers", type=tiers_flag, default=parse_tiers(DEFAULT_TIERS), metavar="T,...",
-                   help=f"the tiers cost-aware hvd chooses from, off or TOPK-STEPS-NODES (default: {DEFAULT_TIERS}); "
-                        "none may be wider than the gate's verify shape")
+    g.add_argument("--tiers", type=tiers_flag, metavar="T,...",
+                   help="the tiers cost-aware hvd chooses from, off or TOPK-STEPS-NODES, none wider than the gate's "
+                        "verify shape; one server serves tiers of its own topk only (default: off and the gate's shape "
+                        "halved down to 2 nodes, e.g. off,4-1-2,4-1-4,4-2-8,4-3-16 for a 4-3-16 gate)")
     g.add_argument("--static-tiers", type=tiers_flag, metavar="T,...",
-                   help="the tiers of the static policies eagle3@T, cache_only@T, hvd@T (default: the speculating "
-                        "--tiers)")
+                   help=f"the tiers of the static policies eagle3@T, cache_only@T, hvd@T (default: those of "
+                        f"{STATIC_TIERS} no wider than the gate, and hvd's --tiers)")
+    g.add_argument("--extend", choices=(EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED), default=EXTEND_EVERY_STEP,
+                   help="when HVD's server pays EAGLE3's draft extend: every-step (what SGLang, and so the HVD server, "
+                        "does today: at steps without an EAGLE3 draft too) or when-drafted (a catch-up extend over the "
+                        "tokens since the last one, on drafting steps only: not built in the server; shows what it "
+                        "would buy) (default: %(default)s)")
     g.add_argument("--requests", choices=REQUESTS, default="conversations",
                    help="conversations: each conversation's turns in order, one after another (a conversation holds a "
                         "slot); turns: every turn its own request, in file order (fills a load higher than the number "
@@ -49,7 +55,13 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
 
 
 def check_tiers(args: argparse.Namespace, shape) -> None:
-    for t in list(args.tiers) + list(args.static_tiers or ()):
+    """Defaults filled in from the gate's ``shape``, then every tier checked against it."""
+    if args.tiers is None:
+        args.tiers = ladder(shape)
+    if args.static_tiers is None:
+        fits = [t for t in parse_tiers(STATIC_TIERS) if t.shape.nodes <= shape.nodes]
+        args.static_tiers = tuple(dict.fromkeys(fits + [t for t in args.tiers if t.speculates]))
+    for t in list(args.tiers) + list(args.static_tiers):
         if t.shape is not None and t.shape.nodes > shape.nodes:
             raise HvdInputError(f"tier {t.name} verifies {t.shape.nodes} tokens per row, more than the gate's "
                                 f"{shape.describe()}; name tiers of at most {shape.nodes} nodes")
@@ -63,20 +75,24 @@ def check(args: argparse.Namespace, shape):
 
 
 def run(args: argparse.Namespace, gate, model, profile, records, extra: dict) -> dict:
-    static = args.static_tiers or tuple(t for t in args.tiers if t.speculates)
+    static = args.static_tiers
+    topks = sorted({t.shape.topk for t in args.tiers if t.speculates})
+    if len(topks) > 1:
+        print(f"note: --tiers mixes topk {', '.join(map(str, topks))}: no one server verifies at more than one topk "
+              "(SGLang's EAGLE3 drafts at the topk it was started with); a what-if, not a servable set")
     convs = conversations_of(records) if args.requests == "conversations" else [[r] for r in records]
     top = max(args.concurrency)
     if top > len(convs):
         hint = " (--requests turns serves every turn as its own request)" if args.requests == "conversations" else ""
         print(f"note: concurrency {top} > {len(convs)} {args.requests}: at most {len(convs)} run at once{hint}")
     names = policy_names(static)
-    settings = LoadSettings(gate, model, profile, tuple(args.tiers))
+    settings = LoadSettings(gate, model, profile, tuple(args.tiers), extend=args.extend)
     print(f"profile {profile.describe()}; cost-aware hvd chooses from {', '.join(t.name for t in args.tiers)}; "
           f"{len(records):,} requests as {len(convs):,} {args.requests}", flush=True)
     with progress(total=len(names) * len(args.concurrency), desc="by load", unit="run") as bar:
         runs = run_by_load(convs, names, args.concurrency, settings, on_run=lambda r: bar.update(1))
     out = {"by_concurrency": by_concurrency_json(runs), "profile": profile.to_json(),
-           "tiers": [t.name for t in args.tiers], "static_tiers": [t.name for t in static],
+           "tiers": [t.name for t in args.tiers], "static_tiers": [t.name for t in static], "extend": args.extend,
            "requests": args.requests, **extra}
     for c, level in out["by_concurrency"].items():
         print_level(int(c), level["policies"])

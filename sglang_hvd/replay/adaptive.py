@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..decision import BatchPlan
-from ..step_profile import HOST_NONE
+from ..step_profile import EXTEND_EVERY_STEP, HOST_NONE
 from ..tiers import Tier
 from ..verify import VerifyShape
 
@@ -86,6 +86,7 @@ class AdaptiveEagle3Planner:
     adaptive controller does: no cache drafts, one tier per step by the batch's slot."""
 
     host = HOST_NONE
+    extend = EXTEND_EVERY_STEP  # SGLang runs the draft extend at steps 0 too
 
     def __init__(self, initial_steps: int = 3, slots: dict[int, AdaptiveSlot] | None = None):
         slots = DEFAULT_SLOTS if slots is None else slots

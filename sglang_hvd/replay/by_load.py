@@ -12,7 +12,10 @@ Policy names (a static tier T written TOPK-STEPS-NODES, tiers.py):
                    drafts) per step from the gate's payoffs and the profile (decision.CostRule)
 
 cache_only pays the profile's host time of its drafts, HVD that and its decision's; the
-EAGLE3 baselines and greedy pay none.
+EAGLE3 baselines and greedy pay none. Every policy with an EAGLE3 model (eagle3@T,
+eagle3_adaptive, hvd@T, hvd) pays its draft extend at every step, drafted or not, as SGLang
+runs it (``LoadSettings.extend``: HVD's servers may instead pay it on drafting steps only, a
+catch-up extend the server does not have yet).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..gate import Gate
 from ..serving.stepper import HVDStepper
-from ..step_profile import HOST_DRAFTS, StepProfile
+from ..step_profile import EXTEND_EVERY_STEP, EXTEND_NONE, HOST_DRAFTS, StepProfile
 from ..tiers import Tier
 from ..trace import TraceRecord
 from ..verify import VerifyModel
@@ -63,6 +66,7 @@ class LoadSettings:
     profile: StepProfile
     tiers: tuple[Tier, ...]  # what cost-aware HVD chooses from
     drafter: str = ""  # registered drafter name ("": the fastest built)
+    extend: str = EXTEND_EVERY_STEP  # when HVD's server pays EAGLE3's draft extend (step_profile.EXTEND_*)
 
 
 def make_planner(name: str, s: LoadSettings) -> Planner:
@@ -76,11 +80,16 @@ def make_planner(name: str, s: LoadSettings) -> Planner:
     drafter = create_drafter(s.drafter or default_drafter_name(), s.gate.drafter_config)
     if family == "cache_only":
         stepper = HVDStepper(drafter, None, s.model.shape, rule=s.gate.rule, step=StepMode(tier, eagle3=False))
-        stepper.host = HOST_DRAFTS  # SuffixDecoding pays for its drafts, not for a decision
+        stepper.host = HOST_DRAFTS  # SuffixDecoding pays for its drafts, not for a decision,
+        stepper.extend = EXTEND_NONE  # and runs no draft model
         return stepper
     if tier is not None:  # hvd@T
-        return HVDStepper(drafter, s.gate, s.model.shape, step=StepMode(tier))
-    return HVDStepper(drafter, s.gate, s.model.shape, step=CostRule(s.profile, s.model.eagle3, s.tiers))
+        stepper = HVDStepper(drafter, s.gate, s.model.shape, step=StepMode(tier))
+    else:
+        stepper = HVDStepper(drafter, s.gate, s.model.shape,
+                             step=CostRule(s.profile, s.model.eagle3, s.tiers, extend=s.extend))
+    stepper.extend = s.extend
+    return stepper
 
 
 @dataclasses.dataclass(slots=True)

@@ -15,7 +15,8 @@ have generated so far, where sequential replay sees every earlier response whole
 With a step-time profile (step_profile.py) every verify step is also timed: the
 profile's time for the step's tier at its batch and context (the running requests'
 prompts and outputs so far), EAGLE3's draft forwards when some row verifies EAGLE3
-nodes, HVD's host time when the planner is HVD's; each row carries an equal share, so
+nodes, the draft model's extend as the planner's server runs it (``extend``: every step in
+SGLang, drafted or not), HVD's host time when the planner is HVD's; each row carries an equal share, so
 per-source times add up to the whole. Prefills are not timed (the same for every
 policy).
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from ..decision import BatchPlan
 from ..drafter.row_tree import row_path
-from ..step_profile import HOST_NONE, StepProfile
+from ..step_profile import EXTEND_EVERY_STEP, EXTEND_NONE, HOST_NONE, StepProfile
 from ..tiers import Tier
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream, RowPlan, VerifyModel
@@ -48,6 +49,7 @@ class Planner(Protocol):
     that drafts nothing (FixedPlanner, adaptive.AdaptiveEagle3Planner)."""
 
     host: str  # the host work its steps pay (step_profile.HOST_HVD, HOST_DRAFTS or HOST_NONE)
+    extend: str  # when its steps pay EAGLE3's draft extend (step_profile.EXTEND_*)
 
     def sync(self, rid: str, prompt_ids, output_ids) -> None: ...
 
@@ -66,6 +68,7 @@ class FixedPlanner:
 
     def __init__(self, tier: Tier):
         self.tier = tier
+        self.extend = EXTEND_EVERY_STEP if tier.speculates else EXTEND_NONE
         self.modes: dict[str, int] = {}
 
     def sync(self, rid: str, prompt_ids, output_ids) -> None:
@@ -175,7 +178,7 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: Planner
         if profile is not None:
             context = sum(len(running[rid][0].prompt_ids) + len(emitted[rid]) for rid in rids)
             step_ms = profile.step_ms(plans.tier or Tier(model.shape), len(rids), context, eagle3=plans.eagle3,
-                                      host=stepper.host)
+                                      host=stepper.host, extend=stepper.extend)
             total_ms += step_ms
             row_ms = step_ms / len(rids)
         accepts = np.zeros(len(rids), dtype=np.int64)

@@ -25,7 +25,7 @@ from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, is_chain, row_path
 from ..request_state import RequestState
 from ..scorer import ServedScorer
-from ..step_profile import HOST_HVD
+from ..step_profile import EXTEND_EVERY_STEP, HOST_HVD
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
 from .status import rates
@@ -75,6 +75,7 @@ class StepStats:
 
 class HVDStepper:
     host = HOST_HVD  # the host work of a step (step_profile): drafts, features, gate, row trees
+    extend = EXTEND_EVERY_STEP  # the server's EAGLE3 draft extend runs every decode step (SGLang's rule)
 
     def __init__(self, drafter: Drafter, gate: ServedScorer | None, shape: VerifyShape,
                  rule: DecisionRule | None = None, recorder=None, tokenizer: TokenizerId | None = None,
