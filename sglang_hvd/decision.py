@@ -42,12 +42,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .cost_rule import CostRule, StepMode, choose_mode
 from .drafter.batch import DraftBatch, RowTreeBatch
-from .payoff import Payoff
 from .request_state import RequestState, StateBatch
-from .step_profile import EXTEND_EVERY_STEP, StepProfile
 from .tiers import Tier
-from .verify import MAX_TREE_NODES, Eagle3Curve, RowPlan, VerifyShape
+from .verify import MAX_TREE_NODES, RowPlan, VerifyShape
 
 if TYPE_CHECKING:
     from .scorer import Scorer
@@ -102,98 +101,6 @@ class BatchPlan:
         empty = np.zeros((b, 0), np.int32)
         pred = np.full(b, np.nan, np.float32) if predicted is None else predicted
         return cls(np.zeros(b, np.int32), np.zeros(b, np.int32), empty, empty.copy(), pred, tier=Tier(), eagle3=False)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StepMode:
-    """What one step verifies: every row at ``tier``'s shape. ``eagle3`` False: no EAGLE3
-    draft this step; a row with a cache draft verifies it (a chain, or its row tree), any
-    other row takes a plain step (SuffixDecoding's rule, and the cheap end of cost-aware
-    HVD under load)."""
-
-    tier: Tier
-    eagle3: bool = True
-
-    @property
-    def name(self) -> str:
-        return self.tier.name if self.eagle3 or not self.tier.speculates else f"{self.tier.name}/cache"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CostRule:
-    """Cost-aware verification: each step takes the StepMode with the most predicted tokens
-    per second (``choose_mode``) among ``tiers`` (each with and without EAGLE3's draft),
-    timed by ``profile``; an EAGLE3 row at a tier yields ``eagle3_curve``'s tokens at its
-    nodes; ``extend``: when the server pays EAGLE3's draft extend (step_profile.EXTEND_*)."""
-
-    profile: StepProfile
-    eagle3_curve: Eagle3Curve
-    tiers: tuple[Tier, ...]
-    extend: str = EXTEND_EVERY_STEP
-    modes: tuple[StepMode, ...] = dataclasses.field(init=False, repr=False, compare=False)
-    eagle3_tokens: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # curve by nodes 0..63
-
-    def __post_init__(self):
-        if not self.tiers:
-            raise ValueError("a cost rule needs at least one tier")
-        modes = []
-        for t in self.tiers:
-            modes += [StepMode(t, True), StepMode(t, False)] if t.speculates else [StepMode(t, False)]
-        object.__setattr__(self, "modes", tuple(modes))
-        object.__setattr__(self, "eagle3_tokens", np.array(
-            [self.eagle3_curve.tokens(m) for m in range(MAX_TREE_NODES + 1)]))
-
-
-def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
-              eagle3_tokens: np.ndarray) -> tuple[np.ndarray, float]:
-    """The rows that verify their cache draft at ``mode``, and the tokens the step is
-    expected to emit. A cache row of L nodes yields 1 + its expected accepted length at
-    L (payoff.py), plus, beside M EAGLE3 nodes, P(its first token misses) x (the curve's
-    tokens at M - 1); an EAGLE3 row the curve's tokens at its nodes (``eagle3_tokens``:
-    the curve by nodes); a plain row 1. Which rows take their cache draft:
-
-      no EAGLE3 draft       every drafted row (a row slot is paid for anyway)
-      a topk-1 tier         a row whose cache chain is expected to beat EAGLE3's
-                            (the row holds one or the other)
-      a tree tier (topk>1)  ``use``, the gate's calibrated threshold (its rows keep
-                            EAGLE3 nodes beside the cache branch)
-
-    The rows' cache and EAGLE3 nodes are those ``plan_rows`` gives (before row trees).
-    """
-    b = len(lens)
-    shape = mode.tier.shape
-    if shape is None:
-        return np.zeros(b, dtype=bool), float(b)
-    n = shape.draft_nodes
-    if not mode.eagle3:
-        rows = lens > 0
-        return rows, float(b + payoff.accepted(np.minimum(lens, n)).sum())
-    gain = eagle3_tokens[min(n, MAX_TREE_NODES)] - 1.0  # an EAGLE3 row's tokens beyond the bonus
-    if not shape.allows_branches:
-        chain = payoff.accepted(np.minimum(lens, n))
-        rows = (lens > 0) & (chain > gain)
-        return rows, float(b + np.where(rows, chain, gain).sum())
-    rows = use
-    cache = np.where(rows, np.minimum(lens, n - min(eagle_reserve, n - 1)), 0)
-    beside = np.where(rows, eagle3_tokens[np.minimum(n - cache, MAX_TREE_NODES)] - 1.0, 0.0)
-    total = b + np.where(rows, payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain).sum()
-    return rows, float(total)
-
-
-def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
-                context_tokens: float, cap: int) -> tuple[StepMode, np.ndarray]:
-    """The StepMode of the most expected tokens per millisecond for this batch (the first
-    of equals, in ``cost.modes`` order) and the rows that verify their cache draft at it.
-    ``predicted``: the gate's accept_len, trained at ``cap`` nodes."""
-    b = len(lens)
-    payoff = Payoff(predicted, lens, cap)
-    best, best_rows, best_rate = None, None, -1.0
-    for mode in cost.modes:
-        rows, tokens = mode_rows(mode, payoff, lens, use, eagle_reserve, cost.eagle3_tokens)
-        ms = cost.profile.step_ms(mode.tier, b, context_tokens, eagle3=mode.eagle3, extend=cost.extend)
-        if tokens / ms > best_rate:
-            best, best_rows, best_rate = mode, rows, tokens / ms
-    return best, best_rows
 
 
 def described(chain_len, siblings, draft_nodes: int):

@@ -9,7 +9,7 @@ Policy names (a static tier T written TOPK-STEPS-NODES, tiers.py):
                    other row takes a plain step; no EAGLE3 draft
   hvd@T            today's cost-blind HVD: the gate's decision at tier T
   hvd              cost-aware HVD: the decision picks the tier (and whether EAGLE3
-                   drafts) per step from the gate's payoffs and the profile (decision.CostRule)
+                   drafts) per step from the gate's payoffs and the profile (cost_rule.CostRule)
 
 cache_only pays the profile's host time of its drafts, HVD that and its decision's; the
 EAGLE3 baselines and greedy pay none. Every policy with an EAGLE3 model (eagle3@T,
@@ -24,7 +24,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from ..decision import CostRule, StepMode
+from ..cost_rule import CostRule, StepMode
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..gate import Gate

@@ -1,0 +1,157 @@
+"""Cost-aware verification: which verify shape a whole decode step takes.
+
+Each step the decision (decision.py) asks ``choose_mode`` for the StepMode -- a tier
+(tiers.py: ``off`` or TOPK-STEPS-NODES) with or without EAGLE3's draft -- of the most
+expected tokens per millisecond for the batch:
+
+  rate(mode) = expected tokens(mode) / step_ms(mode)
+
+expected tokens from the gate's payoff per row (payoff.py) and EAGLE3's curve
+(verify.Eagle3Curve), the time from the step-time profile (step_profile.py: the verify
+at the tier's width, EAGLE3's draft forwards when drafted, its extend, HVD's host time).
+``mode_rows`` defines a mode's rows and tokens one mode at a time (the reference);
+``choose_mode`` computes every mode at once with the same arithmetic (a test holds them
+equal), since it runs on the serving hot path.
+
+Worked example (one row, a 4-token cache draft the gate expects to accept 3 of at 15
+nodes, tiers off and 4-3-16): at ``off`` the step emits 1 token; at ``4-3-16/cache`` (no
+EAGLE3 draft) 1 + E_4(p) with E_4(p) = 3, so 4 tokens; at ``4-3-16`` with EAGLE3 the
+cache row keeps 11 EAGLE3 nodes beside its 4, worth 1 + 3 + P(miss) x (curve(11) - 1).
+Divided by each mode's step time, the largest rate wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .payoff import Payoff
+from .step_profile import EXTEND_EVERY_STEP, StepProfile
+from .tiers import Tier
+from .verify import MAX_TREE_NODES, Eagle3Curve
+
+PLAIN, CACHE_ONLY, CHAIN, TREE = 0, 1, 2, 3  # how a mode's rows are planned (CostRule.kinds)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepMode:
+    """What one step verifies: every row at ``tier``'s shape. ``eagle3`` False: no EAGLE3
+    draft this step; a row with a cache draft verifies it (a chain, or its row tree), any
+    other row takes a plain step (SuffixDecoding's rule, and the cheap end of cost-aware
+    HVD under load)."""
+
+    tier: Tier
+    eagle3: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.tier.name if self.eagle3 or not self.tier.speculates else f"{self.tier.name}/cache"
+
+    @property
+    def kind(self) -> int:
+        if self.tier.shape is None:
+            return PLAIN
+        if not self.eagle3:
+            return CACHE_ONLY
+        return TREE if self.tier.shape.allows_branches else CHAIN
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CostRule:
+    """Cost-aware verification: each step takes the StepMode with the most predicted tokens
+    per second (``choose_mode``) among ``tiers`` (each with and without EAGLE3's draft),
+    timed by ``profile``; an EAGLE3 row at a tier yields ``eagle3_curve``'s tokens at its
+    nodes; ``extend``: when the server pays EAGLE3's draft extend (step_profile.EXTEND_*)."""
+
+    profile: StepProfile
+    eagle3_curve: Eagle3Curve
+    tiers: tuple[Tier, ...]
+    extend: str = EXTEND_EVERY_STEP
+    modes: tuple[StepMode, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    eagle3_tokens: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # curve by nodes 0..63
+    kinds: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # [modes] PLAIN ... TREE
+    nodes: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # [modes] draft nodes (N-1)
+
+    def __post_init__(self):
+        if not self.tiers:
+            raise ValueError("a cost rule needs at least one tier")
+        modes = []
+        for t in self.tiers:
+            modes += [StepMode(t, True), StepMode(t, False)] if t.speculates else [StepMode(t, False)]
+        object.__setattr__(self, "modes", tuple(modes))
+        object.__setattr__(self, "eagle3_tokens", np.array(
+            [self.eagle3_curve.tokens(m) for m in range(MAX_TREE_NODES + 1)]))
+        object.__setattr__(self, "kinds", np.array([m.kind for m in modes]))
+        object.__setattr__(self, "nodes", np.array([min(m.tier.draft_nodes, MAX_TREE_NODES) for m in modes]))
+
+    def step_ms(self, batch: int, context_tokens: float) -> np.ndarray:
+        """[modes] each mode's step time for this batch."""
+        return np.array([self.profile.step_ms(m.tier, batch, context_tokens, eagle3=m.eagle3, extend=self.extend)
+                         for m in self.modes])
+
+
+def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
+              eagle3_tokens: np.ndarray) -> tuple[np.ndarray, float]:
+    """The rows that verify their cache draft at ``mode``, and the tokens the step is
+    expected to emit. A cache row of L nodes yields 1 + its expected accepted length at
+    L (payoff.py), plus, beside M EAGLE3 nodes, P(its first token misses) x (the curve's
+    tokens at M - 1); an EAGLE3 row the curve's tokens at its nodes (``eagle3_tokens``:
+    the curve by nodes); a plain row 1. Which rows take their cache draft:
+
+      no EAGLE3 draft       every drafted row (a row slot is paid for anyway)
+      a topk-1 tier         a row whose cache chain is expected to beat EAGLE3's
+                            (the row holds one or the other)
+      a tree tier (topk>1)  ``use``, the gate's calibrated threshold (its rows keep
+                            EAGLE3 nodes beside the cache branch)
+
+    The rows' cache and EAGLE3 nodes are those ``plan_rows`` gives (before row trees).
+    """
+    b = len(lens)
+    kind = mode.kind
+    if kind == PLAIN:
+        return np.zeros(b, dtype=bool), float(b)
+    n = min(mode.tier.draft_nodes, MAX_TREE_NODES)
+    if kind == CACHE_ONLY:
+        rows = lens > 0
+        return rows, float(b + payoff.accepted(np.minimum(lens, n)).sum())
+    gain = eagle3_tokens[n] - 1.0  # an EAGLE3 row's tokens beyond the bonus
+    if kind == CHAIN:
+        chain = payoff.accepted(np.minimum(lens, n))
+        rows = (lens > 0) & (chain > gain)
+        return rows, float(b + np.where(rows, chain, gain).sum())
+    rows = use
+    cache = np.where(rows, np.minimum(lens, n - min(eagle_reserve, n - 1)), 0)
+    beside = np.where(rows, eagle3_tokens[n - cache] - 1.0, 0.0)
+    total = b + np.where(rows, payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain).sum()
+    return rows, float(total)
+
+
+def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.ndarray,
+                    eagle_reserve: int) -> np.ndarray:
+    """[modes] the tokens each mode's step is expected to emit: ``mode_rows``'s totals, all
+    modes at once ([modes, B] arrays, a dozen numpy calls whatever the number of tiers)."""
+    b = len(lens)
+    n = cost.nodes[:, None]  # [modes, 1]
+    gain = cost.eagle3_tokens[n] - 1.0
+    chain = payoff.accepted(np.minimum(lens[None, :], n))  # [modes, B]
+    drafted = lens[None, :] > 0
+    reserve = np.minimum(eagle_reserve, np.maximum(n - 1, 0))
+    cache = np.where(use[None, :], np.minimum(lens[None, :], n - reserve), 0)
+    beside = np.where(use[None, :], cost.eagle3_tokens[n - cache] - 1.0, 0.0)
+    per_row = np.select(
+        [cost.kinds[:, None] == PLAIN, cost.kinds[:, None] == CACHE_ONLY, cost.kinds[:, None] == CHAIN],
+        [np.zeros_like(chain), chain, np.where(drafted, np.maximum(chain, gain), gain)],
+        np.where(use[None, :], payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain))
+    return b + per_row.sum(axis=1)
+
+
+def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
+                context_tokens: float, cap: int) -> tuple[StepMode, np.ndarray]:
+    """The StepMode of the most expected tokens per millisecond for this batch (the first
+    of equals, in ``cost.modes`` order) and the rows that verify their cache draft at it.
+    ``predicted``: the gate's accept_len, trained at ``cap`` nodes."""
+    payoff = Payoff(predicted, lens, cap)
+    rate = expected_tokens(cost, payoff, lens, use, eagle_reserve) / cost.step_ms(len(lens), context_tokens)
+    mode = cost.modes[int(np.argmax(rate))]
+    return mode, mode_rows(mode, payoff, lens, use, eagle_reserve, cost.eagle3_tokens)[0]

@@ -1,0 +1,43 @@
+"""cost_rule.choose_mode computes every mode at once; mode_rows is the one-mode reference.
+They must agree on every batch (hypothesis draws the batches)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_hvd.cost_rule import CostRule, choose_mode, expected_tokens, mode_rows
+from sglang_hvd.payoff import Payoff
+from sglang_hvd.step_profile import load_profile
+from sglang_hvd.tiers import parse_tiers
+from sglang_hvd.verify import Eagle3Curve
+
+COST = CostRule(load_profile("qwen3-8b-h200"), Eagle3Curve(),
+                parse_tiers("off,1-1-2,1-3-4,4-1-2,4-1-4,4-2-8,4-3-16"))
+
+rows = st.lists(st.tuples(st.integers(0, 40), st.floats(0, 16), st.booleans()), min_size=1, max_size=70)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows, st.integers(0, 6), st.floats(0, 2e5))
+def test_all_modes_at_once_equal_each_mode_alone(batch, reserve, context):
+    lens = np.array([r[0] for r in batch], dtype=np.int32)
+    pred = np.where(lens > 0, [r[1] for r in batch], np.nan)
+    use = np.array([r[2] for r in batch]) & (lens > 0)
+    payoff = Payoff(pred, lens, 15)
+    every = expected_tokens(COST, payoff, lens, use, reserve)
+    one_by_one = [mode_rows(m, payoff, lens, use, reserve, COST.eagle3_tokens)[1] for m in COST.modes]
+    np.testing.assert_allclose(every, one_by_one, rtol=1e-12)
+    mode, chosen_rows = choose_mode(COST, pred, lens, use, reserve, context, 15)
+    rate = [t / COST.profile.step_ms(m.tier, len(lens), context, m.eagle3) for m, t in zip(COST.modes, one_by_one)]
+    assert mode == COST.modes[int(np.argmax(rate))]
+    np.testing.assert_array_equal(chosen_rows, mode_rows(mode, payoff, lens, use, reserve, COST.eagle3_tokens)[0])
+
+
+def test_modes_in_order_with_kinds():
+    assert [m.name for m in COST.modes] == [
+        "off", "1-1-2", "1-1-2/cache", "1-3-4", "1-3-4/cache", "4-1-2", "4-1-2/cache", "4-1-4", "4-1-4/cache",
+        "4-2-8", "4-2-8/cache", "4-3-16", "4-3-16/cache"]
+    assert COST.kinds.tolist() == [0, 2, 1, 2, 1, 3, 1, 3, 1, 3, 1, 3, 1]
+    assert COST.nodes.tolist() == [0, 1, 1, 3, 3, 1, 1, 3, 3, 7, 7, 15, 15]
