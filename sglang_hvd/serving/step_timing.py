@@ -1,0 +1,158 @@
+"""Measured decode steps, and the step-time profile a server serves with refined from them.
+
+The HVD worker times each decode step's parts (patches/worker.py: perf counters on the
+CPU; on a GPU, CUDA events read a step late, so the hot path adds no host sync) and
+hands them here as StepTiming records. ProfileRefiner keeps the newest ones and
+
+- reports how far the served profile's predictions are from them: mean |predicted /
+  measured - 1| per term (verify, draft, extend, host) and for the whole step;
+- every ``refit_every`` steps fits a profile to them (step_profile.fit_*), and serves it
+  instead only when the samples span enough shapes to fit a term (a term that cannot be
+  fitted keeps the served constants) and the fit predicts the recent steps better.
+
+The decision (cost_rule.CostRule) reads ``refiner.profile``; the stepper swaps its rule
+between steps when the profile changes (``version`` counts the swaps).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+
+import numpy as np
+
+from ..step_profile import (
+    DraftSample,
+    HostCost,
+    StepProfile,
+    VerifySample,
+    fit_draft,
+    fit_verify,
+    relative_error,
+)
+
+TERMS = ("verify", "draft", "extend", "host", "step")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One decode step as measured. ``*_ms`` is nan for a part not run or not timed."""
+
+    batch: int
+    tokens_per_row: int  # N verified per row (1: a plain step)
+    context_tokens: int  # the batch's context, all rows together
+    verify_ms: float
+    draft_steps: int = 0  # EAGLE3 draft steps run this step (0: no draft)
+    topk: int = 1
+    draft_ms: float = math.nan
+    extend_ms: float = math.nan
+    host_ms: float = math.nan  # HVD's own host time (drafts, decision)
+
+
+def predicted(profile: StepProfile, t: StepTiming) -> dict[str, float]:
+    """What ``profile`` says each timed part of step ``t`` costs (the parts ``t`` timed)."""
+    out = {"verify": profile.verify.ms(t.batch, t.tokens_per_row, t.context_tokens)}
+    if t.draft_steps and math.isfinite(t.draft_ms):
+        out["draft"] = profile.eagle3.ms(t.batch, t.draft_steps, t.topk, t.context_tokens)
+    if math.isfinite(t.extend_ms):
+        out["extend"] = profile.eagle3.extend(t.batch, t.context_tokens)
+    if math.isfinite(t.host_ms):
+        out["host"] = profile.hvd_cpu.ms(t.batch)
+    out["step"] = sum(out.values())
+    return out
+
+
+def measured(t: StepTiming) -> dict[str, float]:
+    out = {"verify": t.verify_ms}
+    if t.draft_steps and math.isfinite(t.draft_ms):
+        out["draft"] = t.draft_ms
+    if math.isfinite(t.extend_ms):
+        out["extend"] = t.extend_ms
+    if math.isfinite(t.host_ms):
+        out["host"] = t.host_ms
+    out["step"] = sum(out.values())
+    return out
+
+
+def errors(profile: StepProfile, timings) -> dict[str, float]:
+    """Mean |predicted / measured - 1| per term over ``timings`` (terms never timed: absent)."""
+    pred: dict[str, list[float]] = collections.defaultdict(list)
+    meas: dict[str, list[float]] = collections.defaultdict(list)
+    for t in timings:
+        m = measured(t)
+        for term, v in predicted(profile, t).items():
+            if m[term] > 0:
+                pred[term].append(v)
+                meas[term].append(m[term])
+    return {term: relative_error(pred[term], meas[term]) for term in TERMS if meas.get(term)}
+
+
+def fit_profile(base: StepProfile, timings, name: str) -> StepProfile:
+    """``base`` with each term refitted where ``timings`` span enough shapes: verify, 3
+    distinct B * N; draft, 2 distinct step counts; extend, any timed; host, 2 distinct
+    batches (its drafts' share kept from ``base``). Others keep ``base``'s constants."""
+    verify, eagle3, host = base.verify, base.eagle3, base.hvd_cpu
+    vs = [VerifySample(t.batch, t.tokens_per_row, t.context_tokens, t.verify_ms) for t in timings if t.verify_ms > 0]
+    if len({s.batch * s.tokens_per_row for s in vs}) >= 3:
+        verify = fit_verify(vs)
+    ds = [DraftSample(t.batch, t.draft_steps, t.topk, t.context_tokens, t.draft_ms) for t in timings
+          if t.draft_steps and t.draft_ms > 0]
+    if len({s.steps for s in ds}) >= 2:
+        eagle3 = fit_draft(ds, eagle3.extend_ms)
+    ext = [t for t in timings if t.extend_ms > 0]
+    if ext:
+        fixed = np.median([t.extend_ms - eagle3.per_token_ms * t.batch - eagle3.per_context_token_ms * t.context_tokens
+                           for t in ext])
+        eagle3 = dataclasses.replace(eagle3, extend_ms=max(float(fixed), 0.0))
+    hs = [t for t in timings if t.host_ms > 0]
+    if len({t.batch for t in hs}) >= 2:
+        b = np.array([t.batch for t in hs], dtype=np.float64)
+        y = np.array([t.host_ms for t in hs])
+        slope, intercept = np.polyfit(b, y, 1) if b.std() > 0 else (0.0, float(y.mean()))
+        per_row = max(float(slope), 0.0)
+        share = base.hvd_cpu.draft_per_row_ms / max(base.hvd_cpu.draft_per_row_ms + base.hvd_cpu.decide_per_row_ms,
+                                                    1e-12)
+        host = HostCost(max(float(intercept), 0.0), per_row * share, per_row * (1 - share))
+    fitted = dataclasses.replace(base, name=name, kind="measured", verify=verify, eagle3=eagle3, hvd_cpu=host,
+                                 note=f"refitted online from {len(timings)} served steps over {base.describe()}")
+    return dataclasses.replace(fitted, fit_error=errors(fitted, timings))
+
+
+class ProfileRefiner:
+    """The served profile, its error on the newest steps, and its online refit."""
+
+    def __init__(self, profile: StepProfile, window: int = 2048, refit_every: int = 512, refit: bool = True):
+        if window < 16 or refit_every < 1:
+            raise ValueError(f"window must be >= 16 and refit_every >= 1, got {window} and {refit_every}")
+        self.base = profile
+        self.profile = profile
+        self.refit = refit
+        self.refit_every = refit_every
+        self.version = 0  # profiles served after the first
+        self._timings: collections.deque[StepTiming] = collections.deque(maxlen=window)
+        self._since_fit = 0
+        self.steps = 0
+
+    def add(self, t: StepTiming) -> bool:
+        """One measured step; True when the served profile changed."""
+        self._timings.append(t)
+        self.steps += 1
+        self._since_fit += 1
+        if not self.refit or self._since_fit < self.refit_every:
+            return False
+        self._since_fit = 0
+        candidate = fit_profile(self.base, self._timings, f"{self.base.name}+online")
+        now = errors(self.profile, self._timings).get("step", math.inf)
+        if candidate.fit_error.get("step", math.inf) < now:
+            self.profile = candidate
+            self.version += 1
+            return True
+        return False
+
+    def summary(self) -> dict:
+        """For /server_info: the profile in use and how well it predicts the newest steps."""
+        err = errors(self.profile, self._timings)
+        return {"profile": self.profile.name, "profile_kind": self.profile.kind, "profile_version": self.version,
+                "profile_steps_timed": self.steps,
+                **{f"profile_error_{term}": round(v, 4) for term, v in err.items()}}

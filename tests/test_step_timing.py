@@ -1,0 +1,74 @@
+"""Measured steps against the served profile, and its online refit (serving/step_timing.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sglang_hvd.serving.step_timing import ProfileRefiner, StepTiming, errors, fit_profile, measured, predicted
+from sglang_hvd.step_profile import DraftCost, ForwardCost, HostCost, StepProfile
+
+
+def profile(verify_fixed=1.0, name="p"):
+    return StepProfile(name=name, kind="estimate", target_model="t", draft_model="d", hardware="cpu",
+                       verify=ForwardCost(verify_fixed, 0.01, 8, 0.001),
+                       eagle3=DraftCost(0.1, 0.5, 0.002, 0.0001, extend_ms=0.4),
+                       hvd_cpu=HostCost(0.05, 0.01, 0.02))
+
+
+def served(p: StepProfile, batch: int, n: int, ctx: int, steps: int) -> StepTiming:
+    """A step timed exactly as ``p`` predicts it."""
+    return StepTiming(batch, n, ctx, p.verify.ms(batch, n, ctx), steps, 4,
+                      p.eagle3.ms(batch, steps, 4, ctx) if steps else math.nan, p.eagle3.extend(batch, ctx),
+                      p.hvd_cpu.ms(batch))
+
+
+GRID = [(b, n, 100 * b * k, s) for b in (1, 2, 8, 32) for n, s in ((1, 0), (4, 1), (8, 2), (16, 3)) for k in (1, 3)]
+
+
+def test_a_step_predicted_term_by_term():
+    t = StepTiming(batch=2, tokens_per_row=4, context_tokens=100, verify_ms=2.0, draft_steps=3, topk=4, draft_ms=2.0)
+    # verify: 1 + 0.001 * 100 + 0.01 * max(8, 2 * 4) = 1.18; draft: 0.1 + 3 * (0.5 + 0.002 * 8 + 0.0001 * 100) = 1.678
+    assert predicted(profile(), t) == pytest.approx({"verify": 1.18, "draft": 1.678, "step": 2.858})
+    assert measured(t) == {"verify": 2.0, "draft": 2.0, "step": 4.0}  # extend and host were not timed
+    assert errors(profile(), [t]) == pytest.approx({"verify": 0.41, "draft": 0.161, "step": 1 - 2.858 / 4})
+
+
+def test_the_fit_recovers_the_profile_the_steps_came_from():
+    true = profile()
+    fitted = fit_profile(profile(verify_fixed=3.0), [served(true, *g) for g in GRID], "fit")
+    assert fitted.kind == "measured" and fitted.name == "fit"
+    assert fitted.verify.fixed_ms == pytest.approx(1.0, rel=1e-6)
+    assert fitted.eagle3.extend_ms == pytest.approx(0.4, rel=1e-6)
+    assert all(v < 1e-6 for v in fitted.fit_error.values())
+
+
+def test_a_term_without_enough_shapes_keeps_the_served_constants():
+    base = profile(verify_fixed=3.0)
+    one_shape = [served(profile(), 8, 4, 800, 1)] * 20  # one B * N, one step count, one batch
+    fitted = fit_profile(base, one_shape, "fit")
+    assert fitted.verify == base.verify and fitted.hvd_cpu == base.hvd_cpu
+    assert (fitted.eagle3.fixed_ms, fitted.eagle3.per_step_ms) == (0.1, 0.5)
+
+
+def test_the_refiner_serves_a_better_fit_and_only_a_better_one():
+    true = profile()
+    wrong = ProfileRefiner(profile(verify_fixed=3.0, name="guess"), window=64, refit_every=len(GRID))
+    changed = [wrong.add(served(true, *g)) for g in GRID]
+    assert changed == [False] * (len(GRID) - 1) + [True]
+    assert (wrong.profile.name, wrong.profile.kind, wrong.version) == ("guess+online", "measured", 1)
+    assert wrong.summary()["profile_error_step"] < 1e-6
+
+    right = ProfileRefiner(true, window=64, refit_every=len(GRID))
+    assert not any(right.add(served(true, *g)) for g in GRID)  # an exact fit is no better than exact
+    assert right.profile is true and right.summary()["profile_version"] == 0
+
+    frozen = ProfileRefiner(profile(verify_fixed=3.0), window=64, refit_every=1, refit=False)
+    assert not any(frozen.add(served(true, *g)) for g in GRID)
+    assert frozen.summary()["profile_error_verify"] > 0.1
+
+
+def test_refiner_bounds():
+    with pytest.raises(ValueError, match="window must be >= 16"):
+        ProfileRefiner(profile(), window=4)
