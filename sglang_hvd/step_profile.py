@@ -215,7 +215,7 @@ def load_profile(spec: str) -> StepProfile:
     except FileNotFoundError:
         raise HvdInputError(f"{spec}: no such profile file, and not a shipped estimate "
                             f"({', '.join(ESTIMATES)})") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HvdInputError(f"{spec}: cannot read the profile ({e})") from None
     return StepProfile.from_json(d, where=spec)
 
