@@ -65,7 +65,12 @@ def test_eval_by_concurrency_writes_every_policy_timed(demo_dir, tmp_path, capsy
     (["--concurrency", "1", "--tiers", "off,4-3-32"], "tier 4-3-32 verifies 32 tokens per row, more than the gate's "
                                                       "topk 4, steps 3, 16 nodes; name tiers of at most 16 nodes"),
     (["--concurrency", "1", "--static-tiers", "8-3-32"], "tier 8-3-32 verifies 32 tokens per row"),
-], ids=["concurrency-0", "concurrency-nan", "bad-tier", "missing-profile", "tier-too-wide", "static-tier-too-wide"])
+    # without --concurrency a load flag would do nothing
+    (["--profile", "qwen3-8b-h100", "--tiers", "1-3-4"],
+     "--profile, --tiers apply to fleet replay by load: add --concurrency C,... or leave them out"),
+    (["--requests", "turns"], "--requests applies to fleet replay by load: add --concurrency C,... or leave it out"),
+], ids=["concurrency-0", "concurrency-nan", "bad-tier", "missing-profile", "tier-too-wide", "static-tier-too-wide",
+        "profile-and-tiers-alone", "requests-alone"])
 def test_bad_load_flags_are_refused_before_any_trace_is_read(flags, message, demo_dir, tmp_path, capsys):
     # the traces do not exist: a refusal naming the flag shows they were never opened
     argv = ["eval", str(tmp_path / "missing.jsonl"), "--gate", os.path.join(demo_dir, "gate"), *flags,
