@@ -238,7 +238,7 @@ def load_profile(spec: str) -> StepProfile:
     except FileNotFoundError:
         raise HvdInputError(f"{spec}: no such profile file, and not a shipped estimate "
                             f"({', '.join(ESTIMATES)})") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HvdInputError(f"{spec}: cannot read the profile ({e})") from None
     return StepProfile.from_json(d, where=spec)
 
@@ -281,7 +281,7 @@ class DraftSample:
 
 def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
     """The ForwardCost closest to the samples in relative error: the knee is searched over
-    the sampled B * N (and 1), the other three constants fitted >= 0 at each."""
+    the sampled B * N (and 1) and between them, the other three constants fitted >= 0 at each."""
     if len(samples) < 3:
         raise ValueError(f"fitting a verify cost needs >= 3 samples, got {len(samples)}")
     bn = np.array([s.batch * s.tokens_per_row for s in samples], dtype=np.float64)
@@ -289,7 +289,11 @@ def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
     y = np.array([s.ms for s in samples], dtype=np.float64)
     w = 1.0 / y  # relative error
     best = None
-    for knee in sorted(set(bn.tolist()) | {1.0}):
+    sampled = np.array(sorted(set(bn.tolist()) | {1.0}))
+    # the knee rarely sits on a sampled B * N: between two sampled values, try 16 more (geometric steps)
+    knees = np.unique(np.concatenate([sampled] + [np.geomspace(lo, hi, 18)[1:-1]
+                                                  for lo, hi in zip(sampled, sampled[1:])]))
+    for knee in knees.tolist():
         x = np.stack([np.ones_like(y), ctx, np.maximum(knee, bn)], axis=1)
         c, sse = _nnls(x * w[:, None], y * w)
         if best is None or sse < best[0]:

@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
                             "with no "
                             "room for siblings; evaluate at --verify-topk 2 or more, or leave --cache-siblings out")
     rule = args.rule_threshold if args.rule_threshold is not None else spec.rule_threshold or 3.0
-    profile = eval_load.check(args, model.shape) if args.concurrency else None
+    profile = eval_load.check(args, model.shape)
     report = ReadReport()
     records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
     if args.held_out:

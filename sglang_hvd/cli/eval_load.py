@@ -26,7 +26,8 @@ def tiers_flag(text: str):
 
 
 def add_load_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("by load (fleet replay timed by a step-time profile)")
+    g = p.add_argument_group("by load (fleet replay timed by a step-time profile)",
+                             "--profile, --tiers, --static-tiers, --extend and --requests need --concurrency")
     g.add_argument("--concurrency", type=int_list_in(1, MAX_CONCURRENCY), metavar="C,...",
                    help="instead of sequential replay, fleet replay at each concurrency (requests in flight) of: "
                         "greedy, eagle3@T, cache_only@T and hvd@T at each static tier, eagle3_adaptive (SGLang's "
@@ -47,7 +48,7 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
                         "does today: at steps without an EAGLE3 draft too) or when-drafted (a catch-up extend over the "
                         "tokens since the last one, on drafting steps only: not built in the server; shows what it "
                         "would buy) (default: %(default)s)")
-    g.add_argument("--requests", choices=REQUESTS, default="conversations",
+    g.add_argument("--requests", choices=REQUESTS, default=REQUESTS[0],
                    help="conversations: each conversation's turns in order, one after another (a conversation holds a "
                         "slot); turns: every turn its own request, in file order (fills a load higher than the number "
                         "of conversations; a turn may then start before the turn it follows has ended) "
@@ -69,7 +70,19 @@ def check_tiers(args: argparse.Namespace, shape) -> None:
 
 def check(args: argparse.Namespace, shape):
     """The load flags checked before any work: the tiers against the gate's shape, and the
-    profile read. Returns the profile."""
+    profile read. Returns the profile (None without --concurrency, where a load flag given
+    would do nothing and is refused)."""
+    if not args.concurrency:
+        given = [flag for flag, unset in (("--profile", args.profile == DEFAULT_PROFILE),
+                                          ("--tiers", args.tiers is None),
+                                          ("--static-tiers", args.static_tiers is None),
+                                          ("--extend", args.extend == EXTEND_EVERY_STEP),
+                                          ("--requests", args.requests == REQUESTS[0])) if not unset]
+        if given:
+            one = len(given) == 1
+            raise HvdInputError(f"{', '.join(given)} {'applies' if one else 'apply'} to fleet replay by load: add "
+                                f"--concurrency C,... or leave {'it' if one else 'them'} out")
+        return None
     check_tiers(args, shape)
     return load_profile(args.profile)
 

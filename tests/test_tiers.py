@@ -1,0 +1,65 @@
+"""Verify tiers (sglang_hvd/tiers.py): names, parsing and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_hvd.tiers import STATIC_TIERS, Tier, ladder, parse_tiers, steps_for
+from sglang_hvd.verify import VerifyShape
+
+
+def test_a_tier_parses_from_its_name_and_back():
+    t = Tier.parse("4-3-16")
+    assert t == Tier(VerifyShape(4, 3, 16)) and t.name == str(t) == "4-3-16"
+    assert (t.speculates, t.tokens_per_row, t.draft_nodes) == (True, 16, 15)
+    assert Tier.parse(" 1-3-4 ").shape == VerifyShape(1, 3, 4)
+    assert [Tier.parse(n).name for n in STATIC_TIERS.split(",")] == STATIC_TIERS.split(",")
+
+
+def test_off_is_a_plain_step():
+    off = Tier.parse(" OFF ")
+    assert off == Tier() and off.shape is None and off.name == "off"
+    assert (off.speculates, off.tokens_per_row, off.draft_nodes) == (False, 1, 0)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("4-3", "bad tier '4-3'; expected off or TOPK-STEPS-NODES, e.g. 4-3-16 or 1-3-4"),
+    ("4-3-16-1", "bad tier '4-3-16-1'; expected off or TOPK-STEPS-NODES"),
+    ("a-b-c", "bad tier 'a-b-c'; expected off or TOPK-STEPS-NODES"),
+    ("", "bad tier ''; expected off or TOPK-STEPS-NODES"),
+    ("on", "bad tier 'on'; expected off or TOPK-STEPS-NODES"),
+    # a topk-1 row is a chain of steps + 1 tokens
+    ("1-3-8", "tier '1-3-8': with topk 1 a verify row is a chain: nodes must be steps + 1 = 4, got 8"),
+    ("4-1-16", "tier '4-1-16': nodes - 1 = 15 exceeds what EAGLE3 drafts at topk 4, 1 steps"),
+    ("0-1-2", "tier '0-1-2': verify shape needs topk >= 1, steps >= 1 and nodes >= 2"),
+])
+def test_a_bad_tier_is_refused_with_the_reason(text, message):
+    with pytest.raises(ValueError) as e:
+        Tier.parse(text)
+    assert message in str(e.value)
+
+
+def names(tiers) -> list[str]:
+    return [t.name for t in tiers]
+
+
+def test_parse_tiers_keeps_order_drops_repeats_and_can_add_off():
+    assert names(parse_tiers("4-3-16, 1-3-4,4-3-16,")) == ["4-3-16", "1-3-4"]
+    assert names(parse_tiers("1-3-4", with_off=True)) == ["off", "1-3-4"]
+    assert names(parse_tiers("1-3-4,off", with_off=True)) == ["off", "1-3-4"]  # off once, in front
+    assert names(parse_tiers("1-3-4,off")) == ["1-3-4", "off"]  # without with_off: as written
+    for empty in ("", " , "):
+        with pytest.raises(ValueError, match="name at least one tier, e.g. 1-3-4,4-3-16"):
+            parse_tiers(empty)
+    with pytest.raises(ValueError, match="tier '1-3-5': with topk 1"):
+        parse_tiers("off,1-3-5")
+
+
+def test_a_served_shape_s_ladder_halves_its_width_at_its_own_topk():
+    names = lambda shape: [t.name for t in ladder(shape)]  # noqa: E731
+    assert names(VerifyShape(4, 3, 16)) == ["off", "4-1-2", "4-1-4", "4-2-8", "4-3-16"]
+    assert names(VerifyShape(1, 3, 4)) == ["off", "1-1-2", "1-3-4"]
+    assert names(VerifyShape(1, 7, 8)) == ["off", "1-1-2", "1-3-4", "1-7-8"]
+    assert names(VerifyShape(4, 3, 8)) == ["off", "4-1-2", "4-1-4", "4-3-8"]  # the served shape keeps its steps
+    # a topk-4 tree of 7 draft nodes needs 2 steps (4 + 16 >= 7), of 4: 1; a chain of 7: 7
+    assert (steps_for(4, 8), steps_for(4, 5), steps_for(4, 4), steps_for(1, 8)) == (2, 1, 1, 7)
