@@ -78,7 +78,9 @@ class CostRule:
             raise ValueError("a cost rule needs at least one tier")
         modes = []
         for t in self.tiers:
-            modes += [StepMode(t, True), StepMode(t, False)] if t.speculates else [StepMode(t, False)]
+            modes += [StepMode(t, False), StepMode(t, True)] if t.speculates else [StepMode(t, False)]
+        # cheapest first (fewer tokens per row, then no EAGLE3 draft): equal rates go to the cheaper shape
+        modes.sort(key=lambda m: (m.tier.tokens_per_row, m.eagle3))
         object.__setattr__(self, "modes", tuple(modes))
         object.__setattr__(self, "eagle3_tokens", np.array(
             [self.eagle3_curve.tokens(m) for m in range(MAX_TREE_NODES + 1)]))
@@ -148,8 +150,8 @@ def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.nd
 
 def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
                 context_tokens: float, cap: int) -> tuple[StepMode, np.ndarray]:
-    """The StepMode of the most expected tokens per millisecond for this batch (the first
-    of equals, in ``cost.modes`` order) and the rows that verify their cache draft at it.
+    """The StepMode of the most expected tokens per millisecond for this batch (of equals,
+    the first in ``cost.modes``: the cheaper shape) and the rows that verify their cache draft at it.
     ``predicted``: the gate's accept_len, trained at ``cap`` nodes."""
     payoff = Payoff(predicted, lens, cap)
     rate = expected_tokens(cost, payoff, lens, use, eagle_reserve) / cost.step_ms(len(lens), context_tokens)

@@ -126,7 +126,7 @@ def test_a_step_mode_plans_every_row_at_its_tier():
 
 def test_a_cost_rule_decides_for_one_batch_and_needs_a_tier():
     rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0))
-    assert [m.name for m in rule.modes] == ["off", "1-3-4", "1-3-4/cache", "4-3-16", "4-3-16/cache"]
+    assert [m.name for m in rule.modes] == ["off", "1-3-4/cache", "1-3-4", "4-3-16/cache", "4-3-16"]
     for step in (rule, StepMode(Tier.parse("1-3-4"))):
         with pytest.raises(ValueError, match="a step mode or cost rule decides for one batch: pass one DecisionRule"):
             decide(ListGate([4.0, 4.0]), drafts([1, 2], [3]), states(2), SHAPE, [DecisionRule(), DecisionRule()],

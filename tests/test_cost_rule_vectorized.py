@@ -36,8 +36,11 @@ def test_all_modes_at_once_equal_each_mode_alone(batch, reserve, context):
 
 
 def test_modes_in_order_with_kinds():
+    # cheapest first: by tokens per row, then no EAGLE3 draft before one (ties go to the cheaper shape)
     assert [m.name for m in COST.modes] == [
-        "off", "1-1-2", "1-1-2/cache", "1-3-4", "1-3-4/cache", "4-1-2", "4-1-2/cache", "4-1-4", "4-1-4/cache",
-        "4-2-8", "4-2-8/cache", "4-3-16", "4-3-16/cache"]
-    assert COST.kinds.tolist() == [0, 2, 1, 2, 1, 3, 1, 3, 1, 3, 1, 3, 1]
-    assert COST.nodes.tolist() == [0, 1, 1, 3, 3, 1, 1, 3, 3, 7, 7, 15, 15]
+        "off", "1-1-2/cache", "4-1-2/cache", "1-1-2", "4-1-2", "1-3-4/cache", "4-1-4/cache", "1-3-4", "4-1-4",
+        "4-2-8/cache", "4-2-8", "4-3-16/cache", "4-3-16"]
+    assert COST.kinds.tolist() == [0, 1, 1, 2, 3, 1, 1, 2, 3, 1, 3, 1, 3]
+    assert COST.nodes.tolist() == [0, 1, 1, 1, 1, 3, 3, 3, 3, 7, 7, 15, 15]
+    backwards = CostRule(COST.profile, Eagle3Curve(), parse_tiers("4-3-16,1-3-4,off"))
+    assert [m.name for m in backwards.modes] == ["off", "1-3-4/cache", "1-3-4", "4-3-16/cache", "4-3-16"]
