@@ -83,10 +83,12 @@ class Client:
         self.url = url.rstrip("/") + "/generate"
         self.options = options
 
-    def generate(self, prompt_ids: list[int]) -> dict:
-        body = json.dumps({"input_ids": prompt_ids, "sampling_params": {
-            "temperature": self.options.temperature, "top_p": self.options.top_p,
-            "max_new_tokens": self.options.max_new_tokens}}).encode()
+    def generate(self, prompt_ids: list[int], ignore_eos: bool = False) -> dict:
+        params = {"temperature": self.options.temperature, "top_p": self.options.top_p,
+                  "max_new_tokens": self.options.max_new_tokens}
+        if ignore_eos:  # exactly max_new_tokens (hvd profile's load)
+            params["ignore_eos"] = True
+        body = json.dumps({"input_ids": prompt_ids, "sampling_params": params}).encode()
         delay = self.options.backoff_s
         last = ""
         for attempt in range(self.options.retries + 1):

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import math
+import os
 
 import numpy as np
 
+from ..errors import HvdInputError
 from ..step_profile import (
     DraftSample,
     HostCost,
@@ -48,6 +51,53 @@ class StepTiming:
     draft_ms: float = math.nan
     extend_ms: float = math.nan
     host_ms: float = math.nan  # HVD's own host time (drafts, decision)
+
+    def to_json(self) -> dict:
+        """A line of a timings file (nan: null)."""
+        return {f.name: (None if isinstance(v := getattr(self, f.name), float) and math.isnan(v) else v)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> StepTiming:
+        kw = {}
+        for f in dataclasses.fields(cls):
+            v = d.get(f.name)
+            kw[f.name] = (math.nan if v is None else float(v)) if f.type == "float" else int(v)
+        return cls(**kw)
+
+
+def read_timings(path: str, skip: int = 0) -> list[StepTiming]:
+    """The steps of a timings file (``--hvd-timings``, one JSON line each) after its first
+    ``skip`` lines; a torn last line (a server still writing) is left out."""
+    if not os.path.exists(path):
+        raise HvdInputError(f"{path}: no timings file (start the server with --hvd-timings {path})")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i < skip or not line.endswith("\n"):
+                continue
+            try:
+                out.append(StepTiming.from_json(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise HvdInputError(f"{path}:{i + 1}: not a step timing ({e})") from None
+    return out
+
+
+def cell_medians(timings) -> list[StepTiming]:
+    """One step per grid cell (batch, tokens per row, draft steps, topk, context within a
+    factor of 2): each part's median over the cell's steps. Fitting medians keeps a
+    paused step (garbage collection, another process) from pulling a constant."""
+    cells: dict[tuple, list[StepTiming]] = collections.defaultdict(list)
+    for t in timings:
+        cells[(t.batch, t.tokens_per_row, t.draft_steps, t.topk, int(math.log2(max(t.context_tokens, 1))))].append(t)
+
+    def med(values):
+        v = [x for x in values if math.isfinite(x)]
+        return float(np.median(v)) if v else math.nan
+
+    return [StepTiming(b, n, int(np.median([t.context_tokens for t in ts])), med(t.verify_ms for t in ts), s, k,
+                       med(t.draft_ms for t in ts), med(t.extend_ms for t in ts), med(t.host_ms for t in ts))
+            for (b, n, s, k, _), ts in sorted(cells.items())]
 
 
 def predicted(profile: StepProfile, t: StepTiming) -> dict[str, float]:
@@ -88,25 +138,39 @@ def errors(profile: StepProfile, timings) -> dict[str, float]:
     return {term: relative_error(pred[term], meas[term]) for term in TERMS if meas.get(term)}
 
 
+def fittable(timings) -> set[str]:
+    """The terms ``timings`` span enough shapes to fit: verify, 3 distinct B * N; draft, 2
+    distinct step counts; extend, any timed; host, 2 distinct batches."""
+    out = set()
+    if len({t.batch * t.tokens_per_row for t in timings if t.verify_ms > 0}) >= 3:
+        out.add("verify")
+    if len({t.draft_steps for t in timings if t.draft_steps and t.draft_ms > 0}) >= 2:
+        out.add("draft")
+    if any(t.extend_ms > 0 for t in timings):
+        out.add("extend")
+    if len({t.batch for t in timings if t.host_ms > 0}) >= 2:
+        out.add("host")
+    return out
+
+
 def fit_profile(base: StepProfile, timings, name: str) -> StepProfile:
-    """``base`` with each term refitted where ``timings`` span enough shapes: verify, 3
-    distinct B * N; draft, 2 distinct step counts; extend, any timed; host, 2 distinct
-    batches (its drafts' share kept from ``base``). Others keep ``base``'s constants."""
+    """``base`` with each term refitted where ``timings`` span enough shapes (``fittable``;
+    the host's drafts share kept from ``base``). Others keep ``base``'s constants."""
     verify, eagle3, host = base.verify, base.eagle3, base.hvd_cpu
-    vs = [VerifySample(t.batch, t.tokens_per_row, t.context_tokens, t.verify_ms) for t in timings if t.verify_ms > 0]
-    if len({s.batch * s.tokens_per_row for s in vs}) >= 3:
-        verify = fit_verify(vs)
-    ds = [DraftSample(t.batch, t.draft_steps, t.topk, t.context_tokens, t.draft_ms) for t in timings
-          if t.draft_steps and t.draft_ms > 0]
-    if len({s.steps for s in ds}) >= 2:
-        eagle3 = fit_draft(ds, eagle3.extend_ms)
+    terms = fittable(timings)
+    if "verify" in terms:
+        verify = fit_verify([VerifySample(t.batch, t.tokens_per_row, t.context_tokens, t.verify_ms) for t in timings
+                             if t.verify_ms > 0])
+    if "draft" in terms:
+        eagle3 = fit_draft([DraftSample(t.batch, t.draft_steps, t.topk, t.context_tokens, t.draft_ms)
+                            for t in timings if t.draft_steps and t.draft_ms > 0], eagle3.extend_ms)
     ext = [t for t in timings if t.extend_ms > 0]
-    if ext:
+    if "extend" in terms:
         fixed = np.median([t.extend_ms - eagle3.per_token_ms * t.batch - eagle3.per_context_token_ms * t.context_tokens
                            for t in ext])
         eagle3 = dataclasses.replace(eagle3, extend_ms=max(float(fixed), 0.0))
     hs = [t for t in timings if t.host_ms > 0]
-    if len({t.batch for t in hs}) >= 2:
+    if "host" in terms:
         b = np.array([t.batch for t in hs], dtype=np.float64)
         y = np.array([t.host_ms for t in hs])
         slope, intercept = np.polyfit(b, y, 1) if b.std() > 0 else (0.0, float(y.mean()))
