@@ -1,16 +1,24 @@
-"""Sequential replay against fleet replay: what concurrency costs in cache hits, and speed.
+"""Sequential against fleet replay: what concurrency costs in cache hits, and HVD's host time per step.
 
     python launch/bench/bench_fleet.py dev.jsonl.gz --gate GATE_DIR [--sources swe-agent] \
-        [--concurrency 1,8] [--cache-siblings 0,4] [--json OUT]
+        [--concurrency 1,8] [--cache-siblings 0,4] [--batch 1,8,32,64] [--json OUT]
 
 Runs the gate's hvd policy over the traces by sequential replay (``simulate`` with the
 first token from the prefill: every request after the one before) and by fleet replay
 (sglang_hvd/replay/fleet.py: conversations ``C`` at a time through the serving stepper,
 responses entering the global cache as they are generated) at each concurrency, in one process,
 and prints cycles per 1,000 tokens and seconds for each, and for fleet replay the serving
-stepper's CPU time per decode step (drafts, gate, row trees: what a server spends beside
-the GPU). Fleet replay at concurrency 1 plans the same rows as sequential replay.
-``--cache-siblings`` repeats the fleet runs with each value in the gate's rule.
+stepper's host time per decode step: ``plan`` (drafts, features, gate, row trees, as
+``cpu_us_per_step`` reports it) and ``host``, everything the stepper does on the step's
+critical path (sync + plan + verified + finish). Fleet replay at concurrency 1 plans the same
+rows as sequential replay. ``--cache-siblings`` repeats the fleet runs with each value in the
+gate's rule.
+
+``--batch B1,B2`` adds host time at a fixed batch: every turn of the traces is its own request
+(``hvd eval --requests turns``), B at a time, a finished one replaced at once by the next;
+only the steps that verify exactly B rows are counted (the run's drain at the end is not).
+Per B: those steps, and microseconds per step of each part (mean; p90 of the whole) on this
+process's one thread. Figures are printed, never asserted: compare them within one run.
 """
 
 from __future__ import annotations
@@ -20,7 +28,11 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
 
+import numpy as np
+
+from sglang_hvd.decision import BatchPlan
 from sglang_hvd.drafter import create_drafter
 from sglang_hvd.gate import Gate
 from sglang_hvd.replay.fleet import conversations_of, serve_fleet
@@ -29,6 +41,73 @@ from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.serving.stepper import HVDStepper
 from sglang_hvd.trace import iter_traces
 
+PARTS = ("start", "sync", "plan", "verified", "finish")
+
+
+class TimedStepper:
+    """The serving stepper behind fleet replay's Planner interface, each call timed: per
+    verify step, the time of the syncs and finishes since the step before, of its plan and of
+    its verified, and its batch size."""
+
+    def __init__(self, stepper: HVDStepper):
+        self.stepper = stepper
+        self.host = stepper.host
+        self._pending = dict.fromkeys(PARTS, 0.0)
+        self.batch: list[int] = []
+        self.parts_us: dict[str, list[float]] = {p: [] for p in PARTS}
+
+    def _add(self, part: str, start: float) -> None:
+        self._pending[part] += (time.perf_counter() - start) * 1e6
+
+    def sync(self, rid: str, prompt_ids, output_ids) -> None:
+        part = "sync" if rid in self.stepper else "start"  # a new request's first sync indexes its prompt
+        t = time.perf_counter()
+        self.stepper.sync(rid, prompt_ids, output_ids)
+        self._add(part, t)
+
+    def finish(self, rid: str) -> None:
+        t = time.perf_counter()
+        self.stepper.finish(rid)
+        self._add("finish", t)
+
+    def plan(self, rids: Sequence[str]) -> BatchPlan:
+        t = time.perf_counter()
+        plans = self.stepper.plan(rids)
+        self._add("plan", t)
+        self.batch.append(len(rids))
+        return plans
+
+    def verified(self, rids: Sequence[str], accepts: Sequence[int]) -> None:
+        t = time.perf_counter()
+        self.stepper.verified(rids, accepts)
+        self._add("verified", t)
+        for p in PARTS:  # a step's record closes with its verified
+            self.parts_us[p].append(self._pending[p])
+            self._pending[p] = 0.0
+
+    def per_step_us(self, batch: int | None = None) -> dict[str, float]:
+        """Mean microseconds per step of each part and of all ("host"), their p90 ("host_p90")
+        and the steps counted: every step, or those of exactly ``batch`` rows."""
+        sizes = np.asarray(self.batch)
+        keep = np.ones(len(sizes), bool) if batch is None else sizes == batch
+        parts = {p: np.asarray(v)[keep] for p, v in self.parts_us.items()}
+        host = sum(parts.values()) if keep.any() else np.zeros(0)
+        out = {p: float(v.mean()) if len(v) else float("nan") for p, v in parts.items()}
+        out["host"] = float(host.mean()) if len(host) else float("nan")
+        out["host_p90"] = float(np.percentile(host, 90)) if len(host) else float("nan")
+        out["steps"] = int(keep.sum())
+        return out
+
+
+def _ints(p: argparse.ArgumentParser, flag: str, text: str, least: int) -> list[int]:
+    try:
+        values = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"{flag}: expected integers like 1,8, got {text!r}")
+    if not values or min(values) < least:
+        p.error(f"{flag}: every value must be >= {least}")
+    return values
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
@@ -36,50 +115,70 @@ def main(argv=None) -> int:
     p.add_argument("traces", nargs="+", metavar="TRACES")
     p.add_argument("--gate", required=True, metavar="GATE_DIR", help="a gate from `hvd train`")
     p.add_argument("--sources", metavar="S1,S2", help="only these sources (default: all)")
-    p.add_argument("--concurrency", default="1,8", metavar="C1,C2", help="fleet concurrencies (default: %(default)s)")
+    p.add_argument("--concurrency", default="1,8", metavar="C1,C2",
+                   help="fleet concurrencies, conversations in flight (default: %(default)s; 0: no such runs)")
     p.add_argument("--cache-siblings", metavar="S1,S2",
                    help="fleet runs with each cache siblings value (default: the gate's)")
+    p.add_argument("--batch", metavar="B1,B2",
+                   help="host time at these fixed batch sizes, every turn its own request (e.g. 1,8,32,64)")
+    p.add_argument("--no-sequential", action="store_true", help="skip the sequential replay")
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     a = p.parse_args(argv)
-    try:
-        levels = [int(c) for c in a.concurrency.split(",") if c.strip()]
-    except ValueError:
-        p.error(f"--concurrency: expected integers like 1,8, got {a.concurrency!r}")
-    if not levels or min(levels) < 1:
-        p.error("--concurrency: every value must be >= 1")
+    levels = [] if a.concurrency.strip() == "0" else _ints(p, "--concurrency", a.concurrency, 1)
+    batches = _ints(p, "--batch", a.batch, 1) if a.batch else []
     sources = {s.strip() for s in a.sources.split(",")} if a.sources else None
     gate = Gate(a.gate)
-    try:
-        siblings = [int(v) for v in a.cache_siblings.split(",")] if a.cache_siblings else [gate.rule.cache_siblings]
-        rules = [dataclasses.replace(gate.rule, cache_siblings=v) for v in siblings]
-    except ValueError as e:
-        p.error(f"--cache-siblings: expected integers >= 0 like 0,4 ({e})")
+    siblings = _ints(p, "--cache-siblings", a.cache_siblings, 0) if a.cache_siblings else [gate.rule.cache_siblings]
+    rules = [dataclasses.replace(gate.rule, cache_siblings=v) for v in siblings]
     model = gate.spec.verify
     records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources]
     if not records:
         p.error("no records (check TRACES and --sources)")
+
+    def stepper(rule) -> TimedStepper:
+        return TimedStepper(HVDStepper(create_drafter("native", gate.spec.drafter), gate, model.shape, rule=rule))
+
     rows = []
-    t = time.perf_counter()
-    result = simulate(records, create_drafter("native", gate.spec.drafter), [GatePolicy(gate, gate.rule)], model,
-                      prefill_first=True)
-    rows.append((f"sequential (S {gate.rule.cache_siblings})", result.overall.policy("hvd").to_json()["cycles_per_1k"],
-                 time.perf_counter() - t, None))
+    if not a.no_sequential:
+        t = time.perf_counter()
+        result = simulate(records, create_drafter("native", gate.spec.drafter), [GatePolicy(gate, gate.rule)], model,
+                          prefill_first=True)
+        rows.append((f"sequential (S {gate.rule.cache_siblings})",
+                     result.overall.policy("hvd").to_json()["cycles_per_1k"], time.perf_counter() - t, None))
     for rule in rules:
         for c in levels:
-            stepper = HVDStepper(create_drafter("native", gate.spec.drafter), gate, model.shape, rule=rule)
+            timed = stepper(rule)
             t = time.perf_counter()
-            fleet = serve_fleet(conversations_of(records), stepper, model, c)
+            fleet = serve_fleet(conversations_of(records), timed, model, c)
             rows.append((f"fleet x{c} (S {rule.cache_siblings})",
                          fleet.overall.policy("hvd").to_json()["cycles_per_1k"],
-                         time.perf_counter() - t, stepper.summary()["cpu_us_per_step"]))
+                         time.perf_counter() - t, timed.per_step_us()))
+    fixed = []
+    for rule in rules:
+        for b in batches:
+            timed = stepper(rule)
+            fleet = serve_fleet([[r] for r in records], timed, model, b)
+            fixed.append((f"batch {b} (S {rule.cache_siblings})", timed.per_step_us(b),
+                          fleet.overall.policy("hvd").to_json()["cycles_per_1k"]))
     print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}")
-    print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'stepper us/step':>15}")
-    for name, cycles, seconds, cpu in rows:
-        print(f"{name:<22} {cycles:>13.1f} {seconds:>8.1f} {'-' if cpu is None else f'{cpu:.0f}':>15}")
+    if rows:
+        print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'plan us/step':>12} {'host us/step':>12}")
+        for name, cycles, seconds, us in rows:
+            plan, host = ("-", "-") if us is None else (f"{us['plan']:.0f}", f"{us['host']:.0f}")
+            print(f"{name:<22} {cycles:>13.1f} {seconds:>8.1f} {plan:>12} {host:>12}")
+    if fixed:
+        print(f"\nhost time at a fixed batch (turns as requests; us per step, mean; steps of exactly B rows)")
+        print(f"{'batch':<18} {'steps':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'host':>9} {'host p90':>9}"
+              f" {'cycles/1k':>9}")
+        for name, us, cycles in fixed:
+            print(f"{name:<18} {us['steps']:>6} " + " ".join(f"{us[p]:>9.0f}" for p in PARTS)
+                  + f" {us['host']:>9.0f} {us['host_p90']:>9.0f} {cycles:>9.1f}")
     if a.json:
+        out = {name: {"cycles_per_1k": c, "seconds": s, "stepper_us_per_step": None if u is None else u["plan"],
+                      "host_us_per_step": u} for name, c, s, u in rows}
+        out["fixed_batch"] = {name: {**us, "cycles_per_1k": c} for name, us, c in fixed}
         with open(a.json, "w") as f:
-            json.dump({name: {"cycles_per_1k": c, "seconds": s, "stepper_us_per_step": u} for name, c, s, u in rows}, f,
-                      indent=2)
+            json.dump(out, f, indent=2)
     return 0
 
 
