@@ -37,6 +37,7 @@ L = 0, M = 15 (EAGLE3's tree).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -141,11 +142,28 @@ trees, every row with a draft; for one that reads none (the score rule), only th
 rows with room for siblings. An input the caller provides, never a call back into it."""
 
 
-def _described_trees(trees: RowTreeSource, which: np.ndarray, lens: np.ndarray, siblings: np.ndarray, b: int,
+def _described_trees(trees: RowTreeSource, which: np.ndarray, lens: np.ndarray, siblings: int | np.ndarray, b: int,
                      n: int) -> RowTreeBatch:
     """The row trees of rows ``which`` in a batch of ``b`` rows and ``n`` nodes, each cut at
     the nodes the decision would verify (``described``; other rows: empty)."""
-    return trees(which).scatter(which, b, n, described(lens[which], siblings[which], n))
+    return trees(which).scatter(which, b, n, described(lens[which], _of_rows(siblings, which), n))
+
+
+def _of_rows(value: int | np.ndarray, rows: np.ndarray):
+    """A rule's value for ``rows``: the batch's one value, or the rows' own (one rule per row)."""
+    return value[rows] if isinstance(value, np.ndarray) else value
+
+
+@functools.lru_cache(maxsize=64)
+def _chains(n: int) -> np.ndarray:
+    """``[1, n]`` int32 parent links of a chain row: -1, 0, 1, ..., n - 2."""
+    return np.arange(-1, n - 1, dtype=np.int32)[None, :]
+
+
+@functools.lru_cache(maxsize=64)
+def _at_shape(shape: VerifyShape) -> StepMode:
+    """The step mode of a decision without one: every row at ``shape``, with EAGLE3."""
+    return StepMode(Tier(shape))
 
 
 def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestState], shape: VerifyShape,
@@ -165,9 +183,9 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     A scorer that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
     at ``shape`` and the error is returned in ``gate_error``; without it (replay,
     training) it propagates."""
-    lens = drafts.lengths.astype(np.int32)
+    lens = drafts.lengths.astype(np.int32, copy=False)
     b = len(lens)
-    if isinstance(rule, DecisionRule):
+    if isinstance(rule, DecisionRule):  # one rule: its values stay scalars
         threshold, reserve, siblings = rule.threshold, rule.eagle_reserve, rule.cache_siblings
     else:
         if step is not None:
@@ -179,11 +197,12 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     use = np.zeros(b, dtype=bool)
     judged = lens > 0
     error = None
-    siblings = np.broadcast_to(siblings, (b,))
+    grows = siblings > 0  # the rule adds siblings to cache rows (a bool, or one per row)
     described_trees = None  # the row trees of the rows asked, cut at the nodes described
-    if scorer is not None and judged.any():
+    lens_list = lens.tolist()
+    if scorer is not None and any(lens_list):
         grows_at_shape = trees is not None and shape.allows_branches and shape.draft_nodes <= MAX_TREE_NODES
-        if grows_at_shape and scorer.reads_trees and (want := np.flatnonzero(judged & (siblings > 0))).size:
+        if grows_at_shape and scorer.reads_trees and (want := np.flatnonzero(judged & grows)).size:
             described_trees = _described_trees(trees, want, lens, siblings, b, shape.draft_nodes)
         try:
             pred = predictions(scorer, drafts, StateBatch.of(states), described_trees)
@@ -193,12 +212,14 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
             error = e
         else:
             predicted = np.where(judged, pred, np.nan).astype(np.float32)
-            use = judged & (pred > np.asarray(threshold, dtype=np.float64))
-    for i, s in enumerate(states):
-        if lens[i]:
-            s.record(drafts.draft_tokens(i))
+            use = judged & (pred > threshold)
+    if any(lens_list):
+        rows = drafts.tokens[:, : max(lens_list)].tolist()
+        for s, n_i, t in zip(states, lens_list, rows):
+            if n_i:
+                s.record(t[:n_i])
     if error is not None or step is None:
-        mode = StepMode(Tier(shape))
+        mode = _at_shape(shape)
     elif isinstance(step, CostRule):
         mode, use = choose_mode(step, predicted.astype(np.float64), lens, use, int(reserve), context_tokens,
                                 shape.draft_nodes)
@@ -213,21 +234,23 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     if not mode.eagle3:
         eagle[:] = 0
     n = at.draft_nodes
-    tokens = np.full((b, n), -1, dtype=np.int32)
-    w = min(n, drafts.width)
-    tokens[:, :w] = drafts.tokens[:, :w]
-    parents = np.broadcast_to(np.arange(-1, n - 1, dtype=np.int32), (b, n)).copy()  # chains
+    if drafts.width >= n:
+        tokens = np.array(drafts.tokens[:, :n], dtype=np.int32)
+    else:
+        tokens = np.full((b, n), -1, dtype=np.int32)
+        tokens[:, : drafts.width] = drafts.tokens
+    parents = np.repeat(_chains(n), b, axis=0)
     if trees is not None and at.allows_branches and n <= min(MAX_TREE_NODES, shape.draft_nodes):
         share = n - np.minimum(reserve, n - 1)  # the cache branch's most nodes, per row or for all
-        room = np.flatnonzero(use & (siblings > 0) & (cache < share))
+        room = np.flatnonzero(use & grows & (cache < share))
         if len(room):
             if described_trees is None:
                 described_trees = _described_trees(trees, room, lens, siblings, b, shape.draft_nodes)
             # a row tree lists parents before children: its first nodes are a tree too
-            grown = np.minimum(described(lens[room], siblings[room], n),
-                               np.minimum(described_trees.lengths[room], np.broadcast_to(share, (b,))[room]))
+            grown = np.minimum(described(lens[room], _of_rows(siblings, room), n),
+                               np.minimum(described_trees.lengths[room], _of_rows(share, room)))
             grown = grown.astype(np.int32)
             cache[room] = grown
             eagle[room] = n - grown if mode.eagle3 else 0
             tokens[room], parents[room] = described_trees.tokens[room, :n], described_trees.parents[room, :n]
-    return BatchPlan(cache, eagle, tokens, parents, predicted, error, tier=mode.tier, eagle3=bool(np.any(eagle > 0)))
+    return BatchPlan(cache, eagle, tokens, parents, predicted, error, tier=mode.tier, eagle3=bool(eagle.any()))

@@ -33,6 +33,7 @@ History values and their leak-free rule: request_state.py (with a worked example
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -75,28 +76,60 @@ class FeatureExtractor:
         self.vocab_size = len(token_flags)
 
     def _bits(self, ids: np.ndarray) -> np.ndarray:
-        """``[n]`` token ids -> ``[n, len(FLAG_NAMES)]`` 0/1 flags (ids beyond the vocab: none)."""
+        """``[...]`` token ids -> ``[..., len(FLAG_NAMES)]`` 0/1 flags (ids beyond the vocab and
+        the -1 of padding: none)."""
         return self.flag_table[np.minimum(ids, self.vocab_size)]
 
     def features(self, drafts: DraftBatch, states: StateBatch, trees: RowTreeBatch | None = None) -> np.ndarray:
         """``[B, len(FEATURE_NAMES)]`` float32 features of a batch's cache drafts in their
         states (taken before the drafts are recorded into the histories); ``trees``: the
         rows' row trees cut at the nodes the decision would verify (``lengths``;
-        decision.described), None for chain rows (no siblings)."""
-        lens = drafts.lengths.astype(np.int64)
-        if not len(lens):
-            return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
-        last = np.maximum(lens - 1, 0)[:, None]
-        raw = np.stack([
-            lens, drafts.match_len, drafts.tree == TREE_CODES[LOCAL_TREE], drafts.score,
-            drafts.probs[:, 0], np.take_along_axis(drafts.probs, last, 1)[:, 0], drafts.match_count,
-            drafts.child_counts[:, 0], np.take_along_axis(drafts.child_counts, last, 1)[:, 0],
-            states.pos, states.num_prompt_tokens,
-        ], axis=1).astype(np.float64)
-        ids = drafts.tokens[np.arange(drafts.width)[None, :] < lens[:, None]].astype(np.int64)
-        tail_lens = states.tail_lens.astype(np.int64)
-        tail_ids = states.tails[np.arange(states.tails.shape[1])[None, :] < tail_lens[:, None]].astype(np.int64)
-        out = self._compute(raw, np.asarray(states.history, dtype=np.float32), ids, lens, tail_ids, tail_lens)
+        decision.described), None for chain rows (no siblings).
+
+        Every value is computed in float64 and rounded once to float32. A few whole-batch
+        numpy calls, whatever B: this runs on the server's decode step. Padding does the
+        masking: a draft's tokens past its length and a tail's missing tokens are -1,
+        which picks the flag table's all-zero last row."""
+        lens = drafts.lengths
+        b = len(lens)
+        out = np.zeros((b, len(FEATURE_NAMES)), dtype=np.float32)
+        if not b:
+            return out
+        rows = np.arange(b)
+        last = np.maximum(lens - 1, 0)
+        safe_n = np.maximum(lens, 1)
+        # float64 columns 0-13: the match group (0-10) and the position group (11-13)
+        f = np.empty((b, 14))
+        f[:, 0] = lens
+        f[:, 1] = drafts.match_len
+        f[:, 2] = drafts.tree == TREE_CODES[LOCAL_TREE]
+        f[:, 3] = drafts.score
+        f[:, 4] = drafts.score / safe_n
+        f[:, 5] = drafts.probs[:, 0]
+        f[:, 6] = drafts.probs[rows, last]
+        counts = np.empty((b, 5))  # log1p of: match count, first/last child count, pos, prompt length
+        counts[:, 0] = drafts.match_count
+        counts[:, 1] = drafts.child_counts[:, 0]
+        counts[:, 2] = drafts.child_counts[rows, last]
+        counts[:, 3] = states.pos
+        counts[:, 4] = states.num_prompt_tokens
+        logs = np.log1p(counts)
+        f[:, 7:10] = logs[:, :3]
+        budget = self.budgets[np.minimum(drafts.match_len, len(self.budgets) - 1)]
+        f[:, 10] = lens / np.maximum(budget, 1.0)
+        f[:, 11:13] = logs[:, 3:]
+        f[:, 13] = states.pos / np.maximum(states.pos + states.num_prompt_tokens, 1.0)
+        if not lens.all():
+            f[lens == 0, :11] = 0.0  # no draft: no match group
+        out[:, :14] = f
+        out[:, 14:_NUM_SCALAR] = states.history
+        # tokens: flags of the first draft token, means over the draft and over the context tail
+        nf = len(FLAG_NAMES)
+        col = _NUM_SCALAR
+        bits = self._bits(drafts.tokens[:, : max(int(lens.max()), 1)])  # [B, longest draft, nf]
+        out[:, col : col + nf] = bits[:, 0]
+        out[:, col + nf : col + 2 * nf] = bits.sum(1) / safe_n[:, None]
+        out[:, col + 2 * nf : col + 3 * nf] = self._bits(states.tails).sum(1) / np.maximum(states.tail_lens, 1)[:, None]
         if trees is not None:
             out[:, -_NUM_TREE:] = tree_features(trees, lens, trees.lengths)
         return out
@@ -109,41 +142,6 @@ class FeatureExtractor:
         grown = RowTreeBatch.of(trees) if any(t.tokens for t in trees) else None
         return self.features(DraftBatch.of(drafts), StateBatch.stack(states), grown)
 
-    def _compute(self, raw: np.ndarray, history: np.ndarray, ids: np.ndarray, lens: np.ndarray,
-                 tail_ids: np.ndarray, tail_lens: np.ndarray) -> np.ndarray:
-        """raw [b, 11]: draft len, match len, is local, score, first prob, last prob, match
-        count, first/last child count, pos, prompt len; ids/tail_ids flat with their lens."""
-        b = len(raw)
-        out = np.zeros((b, len(FEATURE_NAMES)), dtype=np.float32)
-        n, match_len = raw[:, 0], raw[:, 1]
-        has = n > 0
-        safe_n = np.maximum(n, 1.0)
-        budget = self.budgets[np.minimum(match_len, len(self.budgets) - 1).astype(np.int64)]
-        match = np.stack([
-            n, match_len, raw[:, 2], raw[:, 3], raw[:, 3] / safe_n, raw[:, 4], raw[:, 5],
-            np.log1p(raw[:, 6]), np.log1p(raw[:, 7]), np.log1p(raw[:, 8]), n / np.maximum(budget, 1.0),
-        ], axis=1)
-        out[:, :11] = np.where(has[:, None], match, 0.0)
-        pos, prompt = raw[:, 9], raw[:, 10]
-        out[:, 11] = np.log1p(pos)
-        out[:, 12] = np.log1p(prompt)
-        out[:, 13] = pos / np.maximum(pos + prompt, 1.0)
-        out[:, 14:_NUM_SCALAR] = history
-        nf = len(FLAG_NAMES)
-        col = _NUM_SCALAR
-        if has.any():
-            bits = self._bits(ids)  # [total_draft_tokens, nf]
-            starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-            out[has, col : col + nf] = bits[starts[has]]
-            out[has, col + nf : col + 2 * nf] = np.add.reduceat(bits, starts[has], axis=0) / lens[has, None]
-        if len(tail_ids):
-            tbits = self._bits(tail_ids)
-            has_tail = tail_lens > 0
-            tstarts = np.concatenate([[0], np.cumsum(tail_lens)[:-1]])
-            tail_sums = np.add.reduceat(tbits, tstarts[has_tail], axis=0)
-            out[has_tail, col + 2 * nf : col + 3 * nf] = tail_sums / tail_lens[has_tail, None]
-        return out
-
 
 def tree_features(trees: RowTreeBatch, chain_lens: np.ndarray, num_nodes: np.ndarray) -> np.ndarray:
     """The tree group ``[B, 5]`` of row trees whose first
@@ -151,17 +149,30 @@ def tree_features(trees: RowTreeBatch, chain_lens: np.ndarray, num_nodes: np.nda
     (``chain_lens``, cut at the row)."""
     parents, probs = trees.parents, trees.probs
     b, w = parents.shape
-    col = np.arange(w)[None, :]
-    limit = np.minimum(np.asarray(num_nodes, dtype=np.int64), w)[:, None]
-    chain = np.minimum(np.asarray(chain_lens, dtype=np.int64)[:, None], limit)
-    sib = (col >= chain) & (col < limit)
+    limit = np.minimum(num_nodes, w)
+    chain = np.minimum(chain_lens, limit)
+    below = _below(w)
+    sib = below[limit] > below[chain]  # nodes chain <= k < limit
     mass = probs * sib
     out = np.empty((b, _NUM_TREE), dtype=np.float32)
-    out[:, 0] = sib.sum(1)
+    out[:, 0] = limit - chain
     out[:, 1] = mass.sum(1)
     out[:, 2] = (mass * (parents < 0)).sum(1)
     out[:, 3] = mass.max(1) if w else 0.0
-    # distinct chain nodes (the root included) that siblings hang from: sorted keys, counted where they change
-    keys = np.sort(np.where(sib & (parents < chain), parents + 1, -1), axis=1)
-    out[:, 4] = ((keys[:, 1:] != keys[:, :-1]) & (keys[:, 1:] >= 0)).sum(1) + (keys[:, 0] >= 0)
+    # distinct chain nodes (the root included) that siblings hang from: marked in a row of w + 1 flags (+ 1 unused)
+    hangs = np.zeros((b, w + 2), dtype=bool)
+    hangs.reshape(-1)[np.where(sib & (parents < chain[:, None]), parents + 1, w + 1) + _row_starts(b, w + 2)] = True
+    out[:, 4] = np.count_nonzero(hangs[:, : w + 1], axis=1)
     return out
+
+
+@functools.cache
+def _below(w: int) -> np.ndarray:
+    """``[w + 1, w]`` bool: row k marks the nodes below index k."""
+    return np.arange(w)[None, :] < np.arange(w + 1)[:, None]
+
+
+@functools.lru_cache(maxsize=64)
+def _row_starts(b: int, w: int) -> np.ndarray:
+    """``[b, 1]``: the flat index of each row's first element in a ``[b, w]`` array."""
+    return (np.arange(b) * w)[:, None]

@@ -37,17 +37,21 @@ HISTORY_K = 4  # earlier drafts shown one by one
 MISS_WINDOW = 16  # drafts over which the first-token miss rate is taken
 TAIL_TOKENS = 8  # context tokens whose flags are averaged
 NUM_HISTORY = 2 * HISTORY_K + 4  # RequestHistory.scalars(): obs, broke, gap, mean accept, log resolved, miss rate
+# StateBatch's packed row (RequestState.row): pos, prompt length, tail length, the tail padded with -1, the history
+_COLUMNS = 3 + TAIL_TOKENS + NUM_HISTORY
+_NO_TAIL = (-1,) * TAIL_TOKENS
 
 
 class _Entry:
-    __slots__ = ("pos", "tokens", "confirmed", "broke")
+    __slots__ = ("pos", "tokens", "confirmed", "broke", "seq")
 
-    def __init__(self, pos: int, tokens: tuple[int, ...]):
-        self.pos, self.tokens, self.confirmed, self.broke = pos, tokens, 0, False
+    def __init__(self, pos: int, tokens: tuple[int, ...], seq: int):
+        self.pos, self.tokens, self.confirmed, self.broke, self.seq = pos, tokens, 0, False, seq
 
     @property
-    def resolved(self) -> bool:
-        return self.broke or self.confirmed == len(self.tokens)
+    def miss(self) -> bool:
+        """Broke on its first token."""
+        return self.broke and self.confirmed == 0
 
 
 class RequestHistory:
@@ -55,10 +59,12 @@ class RequestHistory:
 
     Call ``record(pos, draft_tokens)`` when a draft is made at output position ``pos``
     (before its verify), and ``observe(tokens)`` with every token the request emits, in
-    order. RequestState does both for the decision.
+    order. RequestState does both for the decision. The first-token misses among the last
+    MISS_WINDOW drafts are counted as drafts enter and leave the window (``scalars`` runs
+    for every row of every decode step).
     """
 
-    __slots__ = ("pos", "_recent", "_open", "resolved_sum", "resolved_count")
+    __slots__ = ("pos", "_recent", "_open", "resolved_sum", "resolved_count", "_recorded", "_misses")
 
     def __init__(self):
         self.pos = 0  # output tokens observed so far
@@ -66,12 +72,17 @@ class RequestHistory:
         self._open: list[_Entry] = []  # entries still unresolved
         self.resolved_sum = 0
         self.resolved_count = 0
+        self._recorded = 0  # drafts recorded so far (an entry's seq: the order it was recorded in)
+        self._misses = 0  # entries of _recent that broke on their first token
 
     def record(self, pos: int, draft_tokens: tuple[int, ...]) -> None:
         if pos != self.pos:
             raise ValueError(f"draft recorded at position {pos}, but {self.pos} tokens were observed")
         if draft_tokens:
-            entry = _Entry(pos, tuple(draft_tokens))
+            entry = _Entry(pos, tuple(draft_tokens), self._recorded)
+            self._recorded += 1
+            if len(self._recent) == MISS_WINDOW and self._recent[0].miss:  # it leaves the window
+                self._misses -= 1
             self._recent.append(entry)
             self._open.append(entry)
 
@@ -91,7 +102,9 @@ class RequestHistory:
             e.confirmed = offset + k
             if k < n:
                 e.broke = True
-            if e.resolved:
+                if not e.confirmed and e.seq >= self._recorded - MISS_WINDOW:  # a miss still in the window
+                    self._misses += 1
+            if e.broke or e.confirmed == len(e.tokens):
                 self.resolved_sum += e.confirmed
                 self.resolved_count += 1
             else:
@@ -100,15 +113,16 @@ class RequestHistory:
 
     def scalars(self) -> list[float]:
         recent = self._recent
+        if not recent:
+            return [0.0] * NUM_HISTORY
         obs, broke = [0.0] * HISTORY_K, [0.0] * HISTORY_K
         for i in range(min(HISTORY_K, len(recent))):
             e = recent[-1 - i]
             obs[i] = float(e.confirmed)
             broke[i] = float(e.broke)
-        gap = math.log1p(self.pos - recent[-1].pos) if recent else 0.0
+        gap = math.log1p(self.pos - recent[-1].pos)
         mean_acc = self.resolved_sum / self.resolved_count if self.resolved_count else 0.0
-        misses = sum(1 for e in recent if e.broke and e.confirmed == 0) / len(recent) if recent else 0.0
-        return obs + broke + [gap, mean_acc, math.log1p(self.resolved_count), misses]
+        return obs + broke + [gap, mean_acc, math.log1p(self.resolved_count), self._misses / len(recent)]
 
 
 class RequestState:
@@ -135,6 +149,11 @@ class RequestState:
         """This state now, as one row of a StateBatch."""
         return StateSnapshot(self.pos, self.num_prompt_tokens, tuple(self.tail), tuple(self.history.scalars()))
 
+    def row(self) -> list:
+        """This state now as one row of StateBatch's packed layout (``_COLUMNS``)."""
+        tail = self.tail
+        return [self.pos, self.num_prompt_tokens, len(tail), *tail, *_NO_TAIL[len(tail):], *self.history.scalars()]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StateSnapshot:
@@ -159,17 +178,25 @@ class StateBatch:
 
     @classmethod
     def stack(cls, rows: Sequence[StateSnapshot]) -> StateBatch:
-        b = len(rows)
-        pos = np.fromiter((r.pos for r in rows), dtype=np.float64, count=b)
-        prompt = np.fromiter((r.num_prompt_tokens for r in rows), dtype=np.float64, count=b)
-        history = np.array([r.history for r in rows], dtype=np.float32).reshape(b, NUM_HISTORY)
-        tails = np.full((b, TAIL_TOKENS), -1, dtype=np.int64)
-        tail_lens = np.zeros(b, dtype=np.int64)
-        for i, r in enumerate(rows):
-            tail_lens[i] = len(r.tail)
-            tails[i, : len(r.tail)] = r.tail
-        return cls(pos, prompt, history, tails, tail_lens)
+        flat = []
+        for r in rows:
+            if len(r.tail) > TAIL_TOKENS or len(r.history) != NUM_HISTORY:
+                raise ValueError(f"a state snapshot holds at most {TAIL_TOKENS} tail tokens and {NUM_HISTORY} history "
+                                 f"values, got {len(r.tail)} and {len(r.history)}")
+            flat += (r.pos, r.num_prompt_tokens, len(r.tail), *r.tail, *_NO_TAIL[len(r.tail):], *r.history)
+        return cls._unpack(flat, len(rows))
 
     @classmethod
     def of(cls, states: Sequence[RequestState]) -> StateBatch:
-        return cls.stack([s.snapshot() for s in states])
+        flat = []
+        for s in states:
+            flat += s.row()
+        return cls._unpack(flat, len(states))
+
+    @classmethod
+    def _unpack(cls, flat: list, b: int) -> StateBatch:
+        """B rows of ``_COLUMNS`` values each, in one list: one float64 array (token ids and
+        counts are exact in it), cut into the fields."""
+        a = np.array(flat, dtype=np.float64).reshape(b, _COLUMNS)
+        tails = a[:, 3 : 3 + TAIL_TOKENS].astype(np.int64)
+        return cls(a[:, 0], a[:, 1], a[:, 3 + TAIL_TOKENS :].astype(np.float32), tails, a[:, 2].astype(np.int64))

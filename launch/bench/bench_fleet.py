@@ -44,41 +44,45 @@ from sglang_hvd.trace import iter_traces
 PARTS = ("start", "sync", "plan", "verified", "finish")
 
 
-class TimedStepper:
-    """The serving stepper behind fleet replay's Planner interface, each call timed: per
-    verify step, the time of the syncs and finishes since the step before, of its plan and of
-    its verified, and its batch size."""
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 
-    def __init__(self, stepper: HVDStepper):
+
+class TimedStepper:
+    """The serving stepper behind fleet replay's Planner interface, each call timed by
+    ``clock``: per verify step, the time of the starts, syncs and finishes since the step
+    before, of its plan and of its verified, and its batch size."""
+
+    def __init__(self, stepper: HVDStepper, clock=time.thread_time):
         self.stepper = stepper
+        self.clock = clock
         self.host = stepper.host
         self._pending = dict.fromkeys(PARTS, 0.0)
         self.batch: list[int] = []
         self.parts_us: dict[str, list[float]] = {p: [] for p in PARTS}
 
     def _add(self, part: str, start: float) -> None:
-        self._pending[part] += (time.perf_counter() - start) * 1e6
+        self._pending[part] += (self.clock() - start) * 1e6
 
     def sync(self, rid: str, prompt_ids, output_ids) -> None:
         part = "sync" if rid in self.stepper else "start"  # a new request's first sync indexes its prompt
-        t = time.perf_counter()
+        t = self.clock()
         self.stepper.sync(rid, prompt_ids, output_ids)
         self._add(part, t)
 
     def finish(self, rid: str) -> None:
-        t = time.perf_counter()
+        t = self.clock()
         self.stepper.finish(rid)
         self._add("finish", t)
 
     def plan(self, rids: Sequence[str]) -> BatchPlan:
-        t = time.perf_counter()
+        t = self.clock()
         plans = self.stepper.plan(rids)
         self._add("plan", t)
         self.batch.append(len(rids))
         return plans
 
     def verified(self, rids: Sequence[str], accepts: Sequence[int]) -> None:
-        t = time.perf_counter()
+        t = self.clock()
         self.stepper.verified(rids, accepts)
         self._add("verified", t)
         for p in PARTS:  # a step's record closes with its verified
@@ -121,6 +125,9 @@ def main(argv=None) -> int:
                    help="fleet runs with each cache siblings value (default: the gate's)")
     p.add_argument("--batch", metavar="B1,B2",
                    help="host time at these fixed batch sizes, every turn its own request (e.g. 1,8,32,64)")
+    p.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
+                   help="host time as this thread's CPU time (cpu: what a core of its own would spend, without the "
+                        "waits of a shared machine) or as elapsed time (wall) (default: %(default)s)")
     p.add_argument("--no-sequential", action="store_true", help="skip the sequential replay")
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     a = p.parse_args(argv)
@@ -136,7 +143,8 @@ def main(argv=None) -> int:
         p.error("no records (check TRACES and --sources)")
 
     def stepper(rule) -> TimedStepper:
-        return TimedStepper(HVDStepper(create_drafter("native", gate.spec.drafter), gate, model.shape, rule=rule))
+        return TimedStepper(HVDStepper(create_drafter("native", gate.spec.drafter), gate, model.shape, rule=rule),
+                            CLOCKS[a.clock])
 
     rows = []
     if not a.no_sequential:
@@ -162,12 +170,14 @@ def main(argv=None) -> int:
                           fleet.overall.policy("hvd").to_json()["cycles_per_1k"]))
     print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}")
     if rows:
-        print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'plan us/step':>12} {'host us/step':>12}")
+        print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'plan us/step':>12} {'host us/step':>12}"
+              f"  ({a.clock} time)")
         for name, cycles, seconds, us in rows:
             plan, host = ("-", "-") if us is None else (f"{us['plan']:.0f}", f"{us['host']:.0f}")
             print(f"{name:<22} {cycles:>13.1f} {seconds:>8.1f} {plan:>12} {host:>12}")
     if fixed:
-        print(f"\nhost time at a fixed batch (turns as requests; us per step, mean; steps of exactly B rows)")
+        print(f"\nhost time at a fixed batch ({a.clock} time; turns as requests; us per step, mean; steps of exactly "
+              f"B rows; host = start + sync + plan + verified + finish)")
         print(f"{'batch':<18} {'steps':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'host':>9} {'host p90':>9}"
               f" {'cycles/1k':>9}")
         for name, us, cycles in fixed:

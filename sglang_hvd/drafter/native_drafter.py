@@ -94,12 +94,18 @@ class NativeDrafter:
             self._core.append(h, as_token_array(token_ids))
 
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None:
-        """Append each request's emitted tokens in one call (GIL released)."""
-        handles = np.array([self._running(r) for r in req_ids], dtype=np.int64)
-        chunks = [as_token_array(t) for t in token_ids]
-        offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
-        np.cumsum([len(c) for c in chunks], out=offsets[1:])
-        self._core.append_batch(handles, offsets, np.concatenate(chunks) if chunks else np.zeros(0, np.int32))
+        """Append each request's emitted tokens in one call (GIL released): the serving step's
+        appends, as lists; nothing is appended unless every request runs and every id is valid."""
+        handles = [self._handles.get(r, -1) for r in req_ids]
+        chunks = [t if isinstance(t, list) else as_token_array(t).tolist() for t in token_ids]
+        try:
+            self._core.append_batch(handles, chunks)
+        except KeyError:
+            for r in req_ids:
+                self._running(r)  # raises, naming the first request that is not running
+            raise
+        except TypeError:  # pybind11 refused an id past int32, or one that is not an integer
+            raise ValueError("token ids must be non-negative int32 values") from None
 
     def finish_request(self, req_id: str) -> None:
         self._core.finish(self._running(req_id))

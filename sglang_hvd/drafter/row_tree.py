@@ -24,6 +24,7 @@ holds the row's first k nodes accepts the leading path indices below k
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 from .protocol import Draft, DraftTree
@@ -105,7 +106,13 @@ def row_path(
 
 def is_chain(parents: Sequence[int]) -> bool:
     """Each node the child of the one before (the first under the root)."""
-    return tuple(parents) == tuple(range(-1, len(parents) - 1))
+    return tuple(parents) == chain_parents(len(parents))
+
+
+@functools.lru_cache(maxsize=256)
+def chain_parents(n: int) -> tuple[int, ...]:
+    """The parent links of a chain of ``n`` nodes: -1, 0, 1, ..., n - 2."""
+    return tuple(range(-1, n - 1))
 
 
 def accepted_within(path: Sequence[int], num_nodes: int) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, decide
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
-from ..drafter.row_tree import branch, is_chain, row_path
+from ..drafter.row_tree import branch, chain_parents, row_path
 from ..request_state import RequestState
 from ..scorer import ServedScorer
 from ..step_profile import EXTEND_EVERY_STEP, HOST_HVD
@@ -33,16 +33,29 @@ from .status import rates
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+class _Step:
+    """A plan's decisions as its rows' verifies read them: the BatchPlan, and its per-row
+    counts as lists (made once per step, not once per row)."""
+
+    __slots__ = ("plans", "cache_lens", "eagle_nodes")
+
+    def __init__(self, plans: BatchPlan):
+        self.plans = plans
+        self.cache_lens: list[int] = plans.cache_lens.tolist()
+        self.eagle_nodes: list[int] = plans.eagle_nodes.tolist()
+
+
 class _Verify:
     """One row's verify, until the tokens it emitted arrive and say which branch won."""
 
-    pos: int
-    cache_draft: tuple[int, ...]  # the cache branch's nodes (empty: an EAGLE3 row)
-    cache_parents: tuple[int, ...]  # their parent links (a chain: -1, 0, 1, ...)
-    eagle_nodes: int
-    accept_len: int = -1  # -1 until the verify returns
-    eagle_row: tuple[int, ...] = ()  # the EAGLE3 chain (topk 1), for the recorded trace
+    __slots__ = ("pos", "step", "row", "accept_len", "eagle_row")
+
+    def __init__(self, pos: int, step: _Step, row: int):
+        self.pos = pos
+        self.step = step  # the plan, row ``row`` of it
+        self.row = row
+        self.accept_len = -1  # -1 until the verify returns
+        self.eagle_row: tuple[int, ...] = ()  # the EAGLE3 chain (topk 1), for the recorded trace
 
 
 class _Request:
@@ -89,6 +102,8 @@ class HVDStepper:
         self.tokenizer = tokenizer or TokenizerId("unknown", "unknown")
         self.source = source
         self._reqs: dict[str, _Request] = {}
+        self._append_rids: list[str] = []  # sync's new tokens, per request, until the drafter takes them
+        self._append_tokens: list[list[int]] = []
         self.stats = StepStats()
         self._gate_error_logged = False
 
@@ -102,18 +117,28 @@ class HVDStepper:
     # -- bookkeeping -------------------------------------------------------------------
 
     def sync(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
-        """Register a new request, or append the tokens it emitted since the last sync."""
+        """Register a new request, or take the tokens it emitted since the last sync (the
+        drafter gets every request's new tokens in one ``append_batch`` before it drafts)."""
         st = self._reqs.get(rid)
         if st is None:
+            self._flush_appends()  # the drafter sees every append and start in the order they came
             st = self._reqs[rid] = _Request(np.asarray(prompt_ids, dtype=np.int32))
             self.drafter.start_request(rid, st.prompt)
-        new = list(output_ids[len(st.output):])
-        if not new:
+        if len(output_ids) <= len(st.output):
             return
+        new = list(output_ids[len(st.output):])
         st.output.extend(new)
         st.state.observe(new)
-        self.drafter.append(rid, new)
+        self._append_rids.append(rid)
+        self._append_tokens.append(new)
         self._resolve(st)
+
+    def _flush_appends(self) -> None:
+        """The tokens taken by ``sync`` since the last flush, into the drafter in one call."""
+        if self._append_rids:
+            rids, tokens = self._append_rids, self._append_tokens
+            self._append_rids, self._append_tokens = [], []  # taken even if the drafter refuses them
+            self.drafter.append_batch(rids, tokens)
 
     def finish(self, rid: str, final_output: Sequence[int] | None = None) -> None:
         """The request ended: its response stays in the global cache; record its trace.
@@ -124,6 +149,7 @@ class HVDStepper:
         st = self._reqs.pop(rid, None)
         if st is None:
             return
+        self._flush_appends()
         self.drafter.finish_request(rid)
         if final_output is not None and len(final_output) < len(st.output):
             st.output = list(final_output)
@@ -142,6 +168,7 @@ class HVDStepper:
 
     def reset(self) -> None:
         self._reqs.clear()
+        self._append_rids, self._append_tokens = [], []
         self.drafter.reset()
 
     # -- the step --------------------------------------------------------------------
@@ -149,6 +176,7 @@ class HVDStepper:
     def plan(self, rids: Sequence[str]) -> BatchPlan:
         """Cache drafts for the batch and the row plan of each row (decision.decide)."""
         start = time.perf_counter()
+        self._flush_appends()
         states = [self._reqs[r] for r in rids]
         arrays = self.drafter.speculate_arrays(rids)
 
@@ -168,10 +196,9 @@ class HVDStepper:
                 log.error("HVD gate failed at run time (%s: %s); this step and any like it use EAGLE3 drafts. "
                           "Further gate errors are counted, not logged.", e.__class__.__name__, e)
                 self._gate_error_logged = True
+        step = _Step(plans)
         for i, s in enumerate(states):
-            cache = int(plans.cache_lens[i])
-            s.pending = _Verify(len(s.output), tuple(plans.cache_tokens[i, :cache].tolist()),
-                                tuple(plans.cache_parents[i, :cache].tolist()), int(plans.eagle_nodes[i]))
+            s.pending = _Verify(len(s.output), step, i)
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
         self.stats.steps += 1
         return plans
@@ -184,13 +211,15 @@ class HVDStepper:
         next ``sync``): the verify tries the cache branch first, so it won exactly when
         the first emitted token is the cache draft's first token.
         """
+        accepts = accept_lens.tolist() if isinstance(accept_lens, np.ndarray) else accept_lens
         for i, rid in enumerate(rids):
             st = self._reqs.get(rid)
-            if st is None or st.pending is None or st.pending.accept_len >= 0:
+            v = None if st is None else st.pending
+            if v is None or v.accept_len >= 0:
                 continue
-            has_row = eagle3_rows is not None and not st.pending.cache_draft
-            row = tuple(int(t) for t in eagle3_rows[i]) if has_row else ()
-            st.pending = dataclasses.replace(st.pending, accept_len=int(accept_lens[i]), eagle_row=row)
+            v.accept_len = int(accepts[i])
+            if eagle3_rows is not None and not v.step.cache_lens[v.row]:
+                v.eagle_row = tuple(int(t) for t in eagle3_rows[i])
             self._resolve(st)
 
     def _resolve(self, st: _Request, final: bool = False) -> None:
@@ -201,31 +230,44 @@ class HVDStepper:
         if len(st.output) < v.pos + a and not final:
             return  # its tokens have not arrived yet
         st.pending = None
+        stats = self.stats
+        stats.rows += 1
+        record = self.recorder is not None
+        cache = v.step.cache_lens[v.row]
+        if not cache:
+            stats.eagle3_rows += 1
+            stats.eagle3_accepted += a
+            if record:
+                # topk 1: the EAGLE3 chain; a tree: the path the verify accepted.
+                draft = v.eagle_row or tuple(st.output[v.pos : v.pos + a])
+                st.steps.append(TraceStep(pos=v.pos, src="eagle3", draft=draft, accept_len=min(a, len(draft))))
+            return
+        stats.cache_rows += 1
+        stats.two_branch_rows += v.step.eagle_nodes[v.row] > 0
+        plans = v.step.plans
+        tokens = plans.cache_tokens[v.row, :cache].tolist()
+        parents = tuple(plans.cache_parents[v.row, :cache].tolist())
         emitted = st.output[v.pos : v.pos + a]
-        self.stats.rows += 1
-        if v.cache_draft:
-            self.stats.cache_rows += 1
-            self.stats.two_branch_rows += v.eagle_nodes > 0
-            path = row_path(v.cache_draft, v.cache_parents, emitted)
-            self.stats.tree_rows += not is_chain(v.cache_parents)
-            self.stats.sibling_wins += path != tuple(range(len(path)))
-            if a == 0 or path:
-                self.stats.cache_accepted += a
-                # a tree row is recorded as the branch the output took (its LCP with the output is the path)
-                draft = branch(v.cache_draft, v.cache_parents, path)
-                step = TraceStep(pos=v.pos, src="cache", draft=draft, accept_len=min(a, len(draft)))
-            else:
-                self.stats.eagle3_branch_wins += 1
-                self.stats.eagle3_accepted += a
-                step = TraceStep(pos=v.pos, src="eagle3", draft=tuple(emitted), accept_len=len(emitted))
+        if parents == chain_parents(cache):
+            # a chain: the verify took the cache branch exactly when its first token was emitted
+            won = a == 0 or (len(emitted) > 0 and emitted[0] == tokens[0])
+            path = None
         else:
-            self.stats.eagle3_rows += 1
-            self.stats.eagle3_accepted += a
-            # topk 1: the EAGLE3 chain; a tree: the path the verify accepted.
-            draft = v.eagle_row or tuple(emitted)
-            step = TraceStep(pos=v.pos, src="eagle3", draft=draft, accept_len=min(a, len(draft)))
-        if self.recorder is not None:
-            st.steps.append(step)
+            path = row_path(tokens, parents, emitted)
+            stats.tree_rows += 1
+            stats.sibling_wins += path != tuple(range(len(path)))
+            won = a == 0 or len(path) > 0
+        if won:
+            stats.cache_accepted += a
+            if record:
+                # a tree row is recorded as the branch the output took (its LCP with the output is the path)
+                draft = tuple(tokens) if path is None else branch(tokens, parents, path)
+                st.steps.append(TraceStep(pos=v.pos, src="cache", draft=draft, accept_len=min(a, len(draft))))
+        else:
+            stats.eagle3_branch_wins += 1
+            stats.eagle3_accepted += a
+            if record:
+                st.steps.append(TraceStep(pos=v.pos, src="eagle3", draft=tuple(emitted), accept_len=len(emitted)))
 
     def summary(self) -> dict[str, float]:
         s = self.stats

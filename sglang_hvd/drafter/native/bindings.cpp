@@ -60,15 +60,17 @@ PYBIND11_MODULE(_native, m) {
             s.append(req, &token, 1);
         })
         .def("append_batch",
-             [](SuffixDrafter& s, I64 reqs, I64 offsets, I32 tokens) {
-                 // Request reqs[i] emitted tokens[offsets[i]:offsets[i+1]].
-                 auto r = reqs.unchecked<1>();
-                 auto o = offsets.unchecked<1>();
-                 auto t = tokens.unchecked<1>();
-                 if (o.shape(0) != r.shape(0) + 1) throw std::invalid_argument("offsets must have len(reqs) + 1 entries");
+             [](SuffixDrafter& s, const std::vector<int64_t>& reqs, const std::vector<std::vector<int32_t>>& tokens) {
+                 // Request reqs[i] emitted tokens[i] (Python lists, converted once): every request
+                 // and token is checked before anything is appended.
+                 if (reqs.size() != tokens.size()) throw std::invalid_argument("one token list per request");
+                 for (int64_t r : reqs)
+                     if (!s.is_running(r)) throw py::key_error("request is not running (start_request first)");
+                 for (const auto& t : tokens)
+                     for (int32_t tok : t)
+                         if (tok < 0) throw std::invalid_argument("token ids must be non-negative");
                  py::gil_scoped_release nogil;
-                 for (py::ssize_t i = 0; i < r.shape(0); ++i)
-                     s.append(r(i), t.data(0) + o(i), o(i + 1) - o(i));
+                 for (size_t i = 0; i < reqs.size(); ++i) s.append(reqs[i], tokens[i].data(), static_cast<int64_t>(tokens[i].size()));
              })
         .def("finish", &SuffixDrafter::finish)
         .def("speculate", [](SuffixDrafter& s, int64_t req) {
