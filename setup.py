@@ -11,6 +11,7 @@ native = Pybind11Extension(
     "sglang_hvd.drafter._native",
     ["sglang_hvd/drafter/native/bindings.cpp"],
     depends=[
+        "sglang_hvd/drafter/native/flat_map.hpp",
         "sglang_hvd/drafter/native/suffix_index.hpp",
         "sglang_hvd/drafter/native/suffix_search.hpp",
         "sglang_hvd/drafter/native/suffix_drafter.hpp",

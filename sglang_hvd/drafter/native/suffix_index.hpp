@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "flat_map.hpp"
+
 namespace hvd {
 
 constexpr int32_t SENTINEL = -1;
@@ -79,9 +81,8 @@ public:
         for (int64_t i = cut; i < end; ++i) {
             uncount(i, repair);
             if (arena_[i - 1] < 0) continue;
-            auto it = bigrams_.find(bigram_key(arena_[i - 1], arena_[i]));
-            while (it != bigrams_.end() && !it->second.empty() && it->second.back() >= cut && it->second.back() < end)
-                it->second.pop_back();
+            std::vector<int32_t>* list = bigrams_.find(bigram_key(arena_[i - 1], arena_[i]));
+            while (list && !list->empty() && list->back() >= cut && list->back() < end) list->pop_back();
         }
         for (int64_t i = d.start + keep; i < d.start + d.len; ++i) arena_[i] = SENTINEL;
         repair_newest(repair);
@@ -118,8 +119,8 @@ public:
     int64_t num_compactions() const { return compactions_; }
 
     int64_t count(int32_t tok) const {
-        auto it = counts_.find(tok);
-        return it == counts_.end() ? 0 : it->second;
+        const int64_t* c = counts_.find(tok);
+        return c ? *c : 0;
     }
 
     // Live end positions of the bigram (prev, tok), oldest first (ascending stamps).
@@ -127,10 +128,10 @@ public:
     void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out, int64_t limit) {
         out.clear();
         uint64_t key = bigram_key(prev, tok);
-        auto it = bigrams_.find(key);
-        if (it == bigrams_.end()) return;
-        if (!unsorted_.empty() && unsorted_.erase(key)) restore_stamp_order(it->second, prev, tok);
-        const std::vector<int32_t>& list = it->second;
+        std::vector<int32_t>* found = bigrams_.find(key);
+        if (!found) return;
+        if (!unsorted_.empty() && unsorted_.erase(key)) restore_stamp_order(*found, prev, tok);
+        const std::vector<int32_t>& list = *found;
         for (auto r = list.rbegin(); r != list.rend() && static_cast<int64_t>(out.size()) < limit; ++r)
             if (arena_[*r] == tok && arena_[*r - 1] == prev) out.push_back(*r);
         std::reverse(out.begin(), out.end());
@@ -139,41 +140,44 @@ public:
     // Every token seen after `prev`: (token, live count, newest stamp).
     void successors(int32_t prev, std::vector<std::tuple<int32_t, int64_t, int64_t>>& out) const {
         out.clear();
-        auto it = succ_.find(prev);
-        if (it == succ_.end()) return;
-        for (const auto& [tok, c] : it->second.children) out.emplace_back(tok, c.count, c.newest);
+        const Successors* s = succ_.find(prev);
+        if (!s) return;
+        s->children.for_each([&](int32_t tok, const Child& c) { out.emplace_back(tok, c.count, c.newest); });
     }
 
     // Live occurrences of the bigram (prev, tok).
     int64_t pair_count(int32_t prev, int32_t tok) const {
-        auto it = succ_.find(prev);
-        if (it == succ_.end()) return 0;
-        auto c = it->second.children.find(tok);
-        return c == it->second.children.end() ? 0 : c->second.count;
+        const Successors* s = succ_.find(prev);
+        if (!s) return 0;
+        const Child* c = s->children.find(tok);
+        return c ? c->count : 0;
     }
 
     // The most frequent token after `prev` (ties: the most recently appended). False if none.
     bool best_successor(int32_t prev, int32_t& tok, int64_t& count) {
-        auto it = succ_.find(prev);
-        if (it == succ_.end() || it->second.children.empty()) return false;
-        Successors& s = it->second;
+        Successors* found = succ_.find(prev);
+        if (!found || found->children.empty()) return false;
+        Successors& s = *found;
         if (s.dirty) {
             s.best = -1;
             int64_t bc = -1, bs = -1;
-            for (auto& [t, c] : s.children)
+            s.children.for_each([&](int32_t t, const Child& c) {
                 if (c.count > bc || (c.count == bc && c.newest > bs)) { s.best = t; bc = c.count; bs = c.newest; }
+            });
             s.dirty = false;
         }
         tok = s.best;
-        count = s.children.at(s.best).count;
+        count = s.children.find(s.best)->count;
         return true;
     }
 
     size_t nbytes() const {
         size_t b = arena_.capacity() * sizeof(int32_t) + stamps_.capacity() * sizeof(int64_t);
-        for (auto& [k, v] : bigrams_) b += v.capacity() * sizeof(int32_t) + 48;  // + hash node
-        b += counts_.size() * 32;
-        for (auto& [k, s] : succ_) b += 64 + s.children.size() * 40;
+        b += bigrams_.capacity() * (sizeof(uint64_t) + sizeof(std::vector<int32_t>));
+        bigrams_.for_each([&](uint64_t, const std::vector<int32_t>& v) { b += v.capacity() * sizeof(int32_t); });
+        b += counts_.capacity() * (sizeof(int32_t) + sizeof(int64_t));
+        b += succ_.capacity() * (sizeof(int32_t) + sizeof(Successors));
+        succ_.for_each([&](int32_t, const Successors& s) { b += s.children.capacity() * (sizeof(int32_t) + sizeof(Child)); });
         return b;
     }
 
@@ -183,7 +187,7 @@ private:
         int64_t newest = -1;  // stamp of the most recent occurrence
     };
     struct Successors {
-        std::unordered_map<int32_t, Child> children;
+        FlatMap<int32_t, Child, -1> children;
         int32_t best = -1;
         bool dirty = true;
     };
@@ -194,13 +198,13 @@ private:
         counts_[tok] -= 1;
         int32_t prev = arena_[i - 1];
         if (prev < 0) return;
-        Successors& s = succ_[prev];
-        auto c = s.children.find(tok);
-        c->second.count -= 1;
+        Successors& s = *succ_.find(prev);
+        Child* c = s.children.find(tok);
+        c->count -= 1;
         s.dirty = true;
-        if (c->second.count == 0) {
-            s.children.erase(c);
-        } else if (c->second.newest == stamps_[i]) {
+        if (c->count == 0) {
+            s.children.erase(tok);
+        } else if (c->newest == stamps_[i]) {
             repair.emplace_back(prev, tok);
         }
     }
@@ -208,12 +212,13 @@ private:
     // After slots were freed: recompute the newest stamp of the listed pairs.
     void repair_newest(const std::vector<std::pair<int32_t, int32_t>>& repair) {
         for (auto& [prev, tok] : repair) {
-            auto c = succ_[prev].children.find(tok);
-            if (c == succ_[prev].children.end()) continue;
+            Child* c = succ_.find(prev)->children.find(tok);
+            if (!c) continue;
             int64_t newest = -1;
-            for (int32_t e : bigrams_[bigram_key(prev, tok)])
-                if (arena_[e] == tok && arena_[e - 1] == prev) newest = std::max(newest, stamps_[e]);
-            c->second.newest = newest;
+            if (const std::vector<int32_t>* list = bigrams_.find(bigram_key(prev, tok)))
+                for (int32_t e : *list)
+                    if (arena_[e] == tok && arena_[e - 1] == prev) newest = std::max(newest, stamps_[e]);
+            c->newest = newest;
         }
     }
 
@@ -247,7 +252,7 @@ private:
                 c.count += 1;
                 c.newest = stamps_[i];
                 // A child that just grew has the newest stamp: it is the best if it ties or beats it.
-                if (!s.dirty && (s.best < 0 || s.best == tok || c.count >= s.children[s.best].count)) s.best = tok;
+                if (!s.dirty && (s.best < 0 || s.best == tok || c.count >= s.children.find(s.best)->count)) s.best = tok;
             }
         }
         d.len += n;
@@ -296,6 +301,7 @@ private:
         std::vector<int64_t> stamps(arena.size(), 0);
         int64_t size = pad_;
         bigrams_.clear();
+        bigrams_.reserve(static_cast<size_t>(num_live_));
         for (auto& [s, id] : order) {
             Doc& d = docs_[id];
             for (int64_t k = 0; k < d.len; ++k) {
@@ -310,7 +316,7 @@ private:
         arena_.swap(arena);
         stamps_.swap(stamps);
         unsorted_.clear();
-        for (auto& [key, list] : bigrams_) sort_by_stamp(list);  // rebuilt in document order: back to stamp order
+        bigrams_.for_each([&](uint64_t, std::vector<int32_t>& list) { sort_by_stamp(list); });  // back to stamp order
         size_ = size;
         dead_ = 0;
         compactions_ += 1;
@@ -321,10 +327,10 @@ private:
     std::vector<int64_t> stamps_;
     int64_t size_ = 0, clock_ = 0, num_live_ = 0, dead_ = 0, compactions_ = 0;
     std::unordered_map<int64_t, Doc> docs_;
-    std::unordered_map<uint64_t, std::vector<int32_t>> bigrams_;
+    FlatMap<uint64_t, std::vector<int32_t>, UINT64_MAX> bigrams_;
     std::unordered_set<uint64_t> unsorted_;  // lists holding a moved document's entries out of stamp order
-    std::unordered_map<int32_t, int64_t> counts_;
-    std::unordered_map<int32_t, Successors> succ_;
+    FlatMap<int32_t, int64_t, -1> counts_;
+    FlatMap<int32_t, Successors, -1> succ_;
 };
 
 }  // namespace hvd
