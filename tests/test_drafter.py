@@ -135,6 +135,27 @@ def test_lifecycle_errors_are_clear(make):
         d.append("a", [1])
 
 
+def test_append_batch_is_the_appends_in_order_and_all_or_nothing(make):
+    one, batch = make(), make()
+    for d in (one, batch):
+        d.start_request("a", [1, 2, 3])
+        d.start_request("b", [7, 8])
+    for r, t in (("a", [4, 5]), ("b", [9]), ("a", [6])):
+        one.append(r, t)
+    batch.append_batch(["a", "b", "a"], [[4, 5], np.array([9], dtype=np.int32), (6,)])  # lists, arrays, tuples
+    assert batch.context("a").tolist() == [1, 2, 3, 4, 5, 6] and batch.context("b").tolist() == [7, 8, 9]
+    assert [batch.speculate(r) for r in "ab"] == [one.speculate(r) for r in "ab"]
+    assert batch.memory_stats()["global_tokens"] == one.memory_stats()["global_tokens"] == 4.0
+    # a request that is not running, or a bad id, and nothing of the batch is appended
+    with pytest.raises(KeyError, match="request 'zzz' is not running"):
+        batch.append_batch(["a", "zzz"], [[1], [2]])
+    with pytest.raises(ValueError, match="token ids must be non-negative"):
+        batch.append_batch(["a", "b"], [[1], [-2]])
+    with pytest.raises(ValueError, match="one token list per request"):
+        batch.append_batch(["a", "b"], [[1]])
+    assert batch.context("a").tolist() == [1, 2, 3, 4, 5, 6] and batch.context("b").tolist() == [7, 8, 9]
+
+
 # -- property tests against the naive reference ---------------------------------------
 
 tokens = st.integers(min_value=0, max_value=4)  # a tiny vocabulary makes repeats likely

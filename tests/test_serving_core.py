@@ -336,3 +336,37 @@ def test_fleet_serves_turns_in_order_and_drafts_from_what_was_generated_before()
         else:  # a and b in flight together, in step: neither has generated what the other needs next
             assert not b_cache and not [s for s in steps if s.req_id == "a/0" and s.plan.cache_len]
             assert max(result.batch_sizes) == 2
+
+
+def test_sync_hands_the_drafter_each_steps_new_tokens_in_one_append_batch():
+    calls = []
+
+    class Spy:
+        """The python drafter, with the lifecycle calls the stepper makes logged."""
+
+        def __init__(self):
+            self.real = create_drafter("python", DrafterConfig())
+
+        def __getattr__(self, name):
+            method = getattr(self.real, name)
+            if name not in ("start_request", "append", "append_batch", "speculate_arrays", "finish_request"):
+                return method
+            def logged(*args):
+                calls.append((name, *(a.tolist() if isinstance(a, np.ndarray) else a for a in args[:2])))
+                return method(*args)
+
+            return logged
+
+    drafter = Spy()
+    stepper = HVDStepper(drafter, None, VerifyShape(1, 3, 4))
+    stepper.sync("a", [1, 2, 3], [4])
+    stepper.sync("b", [5, 6], [7, 8])
+    stepper.sync("a", [1, 2, 3], [4, 9])
+    stepper.plan(["a", "b"])
+    stepper.sync("a", [1, 2, 3], [4, 9, 1])
+    stepper.finish("a")
+    # appends wait for the next call that needs them (a start, a step's drafts, a finish), in the order they came
+    assert calls == [("start_request", "a", [1, 2, 3]), ("append_batch", ["a"], [[4]]),
+                     ("start_request", "b", [5, 6]), ("append_batch", ["b", "a"], [[7, 8], [9]]),
+                     ("speculate_arrays", ["a", "b"]), ("append_batch", ["a"], [[1]]), ("finish_request", "a")]
+    assert drafter.context("b").tolist() == [5, 6, 7, 8] and drafter.memory_stats()["global_tokens"] == 5.0

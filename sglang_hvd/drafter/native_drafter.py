@@ -96,13 +96,14 @@ class NativeDrafter:
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None:
         """Append each request's emitted tokens in one call (GIL released): the serving step's
         appends, as lists; nothing is appended unless every request runs and every id is valid."""
+        if len(req_ids) != len(token_ids):
+            raise ValueError(f"append_batch: one token list per request, got {len(token_ids)} for {len(req_ids)}")
         handles = [self._handles.get(r, -1) for r in req_ids]
         chunks = [t if isinstance(t, list) else as_token_array(t).tolist() for t in token_ids]
         try:
             self._core.append_batch(handles, chunks)
         except KeyError:
-            for r in req_ids:
-                self._running(r)  # raises, naming the first request that is not running
+            self._check_running(req_ids)  # raises, naming the first request that is not running
             raise
         except TypeError:  # pybind11 refused an id past int32, or one that is not an integer
             raise ValueError("token ids must be non-negative int32 values") from None
@@ -130,11 +131,21 @@ class NativeDrafter:
 
     def speculate_arrays(self, req_ids: Sequence[str]) -> DraftBatch:
         """Drafts of a decode batch (GIL released), padded to max_spec_tokens."""
-        return DraftBatch(**self._core.speculate_batch(self._handles_of(req_ids)))
+        handles = self._handles_of(req_ids)
+        try:
+            return DraftBatch(**self._core.speculate_batch(handles))
+        except IndexError:  # the core refused a request that is not running: name it
+            self._check_running(req_ids)
+            raise
 
     def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> RowTreeBatch:
         """The row trees of a batch (row_tree.py; GIL released), padded to ``max_nodes``."""
-        a = self._core.speculate_rows(self._handles_of(req_ids), max_nodes)
+        handles = self._handles_of(req_ids)
+        try:
+            a = self._core.speculate_rows(handles, max_nodes)
+        except IndexError:
+            self._check_running(req_ids)
+            raise
         return RowTreeBatch(a["row_tokens"], a["row_parents"], a["row_probs"], a["row_lengths"])
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
@@ -153,7 +164,12 @@ class NativeDrafter:
                 "reused_prompt_tokens": float(self._core.reused_prompt_tokens())}
 
     def _handles_of(self, req_ids: Sequence[str]) -> np.ndarray:
-        return np.array([self._running(r) for r in req_ids], dtype=np.int64)
+        """The requests' handles (-1: unknown), unchecked: a batch call's core checks them."""
+        return np.array([self._handles.get(r, -1) for r in req_ids], dtype=np.int64)
+
+    def _check_running(self, req_ids: Sequence[str]) -> None:
+        for r in req_ids:
+            self._running(r)
 
     def _running(self, req_id: str) -> int:
         h = self._handles.get(req_id)

@@ -103,7 +103,14 @@ class SuffixDrafter:
         return DraftBatch.of(self.speculate_batch(req_ids), self.config.max_spec_tokens)
 
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None:
-        for r, t in zip(req_ids, token_ids):
+        """Each request's emitted tokens, in order; nothing is appended unless every request
+        runs and every id is valid."""
+        if len(req_ids) != len(token_ids):
+            raise ValueError(f"append_batch: one token list per request, got {len(token_ids)} for {len(req_ids)}")
+        chunks = [as_token_array(t) for t in token_ids]
+        for r in req_ids:
+            self._running(r)
+        for r, t in zip(req_ids, chunks):
             self.append(r, t)
 
     # -- introspection ---------------------------------------------------------------
