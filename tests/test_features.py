@@ -49,6 +49,21 @@ def test_history_worked_example_of_the_docstring():
     assert h.scalars() == [1.0, 3.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, math.log1p(2), 2.0, math.log1p(2), 0.0]
 
 
+@settings(max_examples=80, deadline=None)
+@given(steps=st.lists(st.tuples(st.lists(st.integers(0, 2), max_size=4), st.lists(st.integers(0, 2), min_size=1,
+                                                                                 max_size=3)), max_size=60))
+def test_the_first_token_miss_rate_counted_as_drafts_come_and_go_is_the_windows(steps):
+    """RequestHistory keeps the miss count as drafts enter and leave the window of the last
+    MISS_WINDOW (16); it equals counting the window's drafts that broke on their first token."""
+    h = RequestHistory()
+    for draft, emitted in steps:
+        h.record(h.pos, tuple(draft))
+        h.observe(emitted)
+        window = list(h._recent)
+        want = sum(e.broke and e.confirmed == 0 for e in window) / len(window) if window else 0.0
+        assert h.scalars()[-1] == want
+
+
 def test_feature_row_literal_values():
     ex = FeatureExtractor(FLAGS, DrafterConfig(max_spec_factor=1.0, max_spec_offset=0.0))
     draft = Draft(tokens=(2, 3, 7), probs=(0.5, 0.5, 0.25), child_counts=(4, 4, 2), score=1.25, match_len=5,
