@@ -68,16 +68,18 @@ class FeatureExtractor:
 
     def __init__(self, token_flags: np.ndarray, drafter_config: DrafterConfig):
         self.token_flags = token_flags
-        # Flags unpacked once: [vocab_size + 1, len(FLAG_NAMES)] float32; the extra last row
-        # (all zero) serves ids beyond the tokenizer's vocabulary.
-        self.flag_table = np.concatenate([unpack(token_flags), np.zeros((1, len(FLAG_NAMES)), np.float32)])
+        # Flags unpacked once: [vocab_size + 1, len(FLAG_NAMES)] uint8 0/1 (a byte each: the rows a
+        # batch gathers stay in cache); the extra last row (all zero) serves ids beyond the
+        # tokenizer's vocabulary.
+        self.flag_table = np.concatenate([unpack(token_flags), np.zeros((1, len(FLAG_NAMES)), np.float32)]).astype(
+            np.uint8)
         self.budgets = np.array([drafter_config.budget(p) for p in range(drafter_config.max_depth + 1)],
                                 dtype=np.float32)
         self.vocab_size = len(token_flags)
 
     def _bits(self, ids: np.ndarray) -> np.ndarray:
-        """``[...]`` token ids -> ``[..., len(FLAG_NAMES)]`` 0/1 flags (ids beyond the vocab and
-        the -1 of padding: none)."""
+        """``[...]`` token ids -> ``[..., len(FLAG_NAMES)]`` uint8 0/1 flags (ids beyond the vocab
+        and the -1 of padding: none); their sums are exact counts."""
         return self.flag_table[np.minimum(ids, self.vocab_size)]
 
     def features(self, drafts: DraftBatch, states: StateBatch, trees: RowTreeBatch | None = None) -> np.ndarray:
