@@ -56,6 +56,7 @@ class TimedStepper:
         self.stepper = stepper
         self.clock = clock
         self.host = stepper.host
+        self.extend = stepper.extend
         # what reading the clock itself adds to a timed call (a CPU-time read is a system call,
         # ~1 us here): taken off every call, so that 64 syncs a step do not count 64 of them
         self._overhead_s = min(-clock() + clock() for _ in range(1000))
