@@ -18,7 +18,11 @@ gate's rule.
 (``hvd eval --requests turns``), B at a time, a finished one replaced at once by the next;
 only the steps that verify exactly B rows are counted (the run's drain at the end is not).
 Per B: those steps, and microseconds per step of each part (mean; p90 of the whole) on this
-process's one thread. Figures are printed, never asserted: compare them within one run.
+process's one thread. ``--cache-only`` repeats the fixed batches with SuffixDecoding's stepper
+(drafts and row trees, no gate: what ``cache_only`` pays) and prints the step profile's host
+term fitted to both (step_profile.fit_host: fixed_ms + (draft_per_row_ms + decide_per_row_ms)
+* B), the figures a measured profile takes. Figures are printed, never asserted: compare them
+within one run.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sglang_hvd.cost_rule import StepMode
 from sglang_hvd.decision import BatchPlan
 from sglang_hvd.drafter import create_drafter
 from sglang_hvd.gate import Gate
@@ -39,6 +44,8 @@ from sglang_hvd.replay.fleet import conversations_of, serve_fleet
 from sglang_hvd.replay.policies import GatePolicy
 from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.serving.stepper import HVDStepper
+from sglang_hvd.step_profile import fit_host
+from sglang_hvd.tiers import Tier
 from sglang_hvd.trace import iter_traces
 
 PARTS = ("start", "sync", "plan", "verified", "finish")
@@ -134,6 +141,8 @@ def main(argv=None) -> int:
                    help="host time as this thread's CPU time (cpu: what a core of its own would spend, without the "
                         "waits of a shared machine) or as elapsed time (wall) (default: %(default)s)")
     p.add_argument("--no-sequential", action="store_true", help="skip the sequential replay")
+    p.add_argument("--cache-only", action="store_true",
+                   help="with --batch: also time SuffixDecoding's stepper (no gate) and fit the profile's host term")
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     a = p.parse_args(argv)
     levels = [] if a.concurrency.strip() == "0" else _ints(p, "--concurrency", a.concurrency, 1)
@@ -149,9 +158,9 @@ def main(argv=None) -> int:
     if not records:
         p.error("no records (check TRACES and --sources)")
 
-    def stepper(rule) -> TimedStepper:
-        return TimedStepper(HVDStepper(create_drafter("native", gate.spec.drafter), gate, model.shape, rule=rule),
-                            CLOCKS[a.clock])
+    def stepper(rule, scorer=gate, step=None) -> TimedStepper:
+        return TimedStepper(HVDStepper(create_drafter("native", gate.spec.drafter), scorer, model.shape, rule=rule,
+                                       step=step), CLOCKS[a.clock])
 
     rows = []
     if not a.no_sequential:
@@ -175,6 +184,13 @@ def main(argv=None) -> int:
             fleet = serve_fleet([[r] for r in records], timed, model, b)
             fixed.append((f"batch {b} (S {rule.cache_siblings})", timed.per_step_us(b),
                           fleet.overall.policy("hvd").to_json()["cycles_per_1k"]))
+    drafts_only = []
+    if a.cache_only:
+        for b in batches:
+            timed = stepper(gate.rule, None, StepMode(Tier(model.shape), eagle3=False))
+            fleet = serve_fleet([[r] for r in records], timed, model, b)
+            drafts_only.append((f"cache_only batch {b}", timed.per_step_us(b),
+                                fleet.overall.policy("hvd").to_json()["cycles_per_1k"]))
     print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}")
     if rows:
         print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'plan us/step':>12} {'host us/step':>12}"
@@ -187,13 +203,22 @@ def main(argv=None) -> int:
               f"B rows; host = start + sync + plan + verified + finish)")
         print(f"{'batch':<18} {'steps':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'host':>9} {'host p90':>9}"
               f" {'cycles/1k':>9}")
-        for name, us, cycles in fixed:
+        for name, us, cycles in fixed + drafts_only:
             print(f"{name:<18} {us['steps']:>6} " + " ".join(f"{us[p]:>9.0f}" for p in PARTS)
                   + f" {us['host']:>9.0f} {us['host_p90']:>9.0f} {cycles:>9.1f}")
+    host_cost = None
+    if drafts_only and len(batches) >= 2:
+        hvd_rows = fixed[-len(batches):]  # the gate's own rule
+        host_cost = fit_host(batches, [us["host"] / 1e3 for _, us, _ in drafts_only],
+                             [us["host"] / 1e3 for _, us, _ in hvd_rows])
+        print(f"\nprofile host term ({a.clock} time): fixed {host_cost.fixed_ms:.3f} ms, drafts "
+              f"{host_cost.draft_per_row_ms:.4f} ms/row, decision {host_cost.decide_per_row_ms:.4f} ms/row")
     if a.json:
         out = {name: {"cycles_per_1k": c, "seconds": s, "stepper_us_per_step": None if u is None else u["plan"],
                       "host_us_per_step": u} for name, c, s, u in rows}
-        out["fixed_batch"] = {name: {**us, "cycles_per_1k": c} for name, us, c in fixed}
+        out["fixed_batch"] = {name: {**us, "cycles_per_1k": c} for name, us, c in fixed + drafts_only}
+        if host_cost is not None:
+            out["host_cost"] = dataclasses.asdict(host_cost)
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
     return 0
