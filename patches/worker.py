@@ -1,20 +1,23 @@
 """The HVD worker: SGLang's EAGLEWorkerV2 with cache drafts written into chosen rows.
 
-Per decode step, before SGLang's own verify (``verify`` is the one override on the hot
-path): bring the cache drafter up to date with every request of the batch, let the
-stepper (drafter + decision.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's
-tree, a cache chain, or both as two branches), and write the plans into
-``batch.spec_info`` in place (patches/rows.py: tokens only for topk 1; tokens,
-positions, links and mask for topk > 1, with the accept width raised to N).
-Verification, KV handling, grammar, logprobs and EAGLE3's own draft extend then run
-unchanged. Accepted counts come back through ``on_verify_complete_cpu``; finished
+Per decode step, before EAGLE3 drafts (``forward_batch_generation``): bring the cache
+drafter up to date with every request of the batch and let the stepper (drafter +
+decision.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's tree, a cache
+chain, or both as two branches) -- and, on a cost-aware server (``--hvd-profile``), the
+step's verify tier (patches/tier_states.py: SGLang's runtime state of that width, EAGLE3's
+draft forwards skipped when no row verifies an EAGLE3 node). Then SGLang drafts, and
+before its verify (``verify``) the plans are written into ``batch.spec_info`` in place
+(patches/rows.py: tokens only for topk 1; tokens, positions, links and mask for topk > 1,
+with the accept width raised to N). Verification, KV handling, grammar, logprobs and
+EAGLE3's own draft extend then run unchanged. Accepted counts come back through ``on_verify_complete_cpu``; finished
 requests leave through ``note_request_finished`` (their response stays in the drafter's
 global cache); ``clear_cache_pool`` resets.
 
 With tensor parallelism only TP rank 0 runs the stepper; every rank takes part in the
-broadcast of its plans at every eligible step (a failure on rank 0 broadcasts "EAGLE3
-everywhere"), so all ranks verify identical rows. Anything that goes wrong in HVD's part
-of a step is logged once, counted, and that step verifies EAGLE3's rows.
+broadcast of its tier and plans at every decode step (a failure on rank 0 broadcasts "the
+served shape, EAGLE3 everywhere"), so all ranks switch to the same tier and verify
+identical rows. Anything that goes wrong in HVD's part of a step is logged once, counted,
+and that step verifies EAGLE3's rows at the served shape.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_hvd.serving.config import HVDServingConfig
-from sglang_hvd.serving.factory import build_stepper
+from sglang_hvd.serving.factory import build_stepper, modes_text
+from sglang_hvd.tiers import Tier, served_tiers
 from sglang_hvd.verify import VerifyShape
 
 from .checks import UnsupportedSetup
 from .rows import FULL_MASK, QLEN_ONLY, Staging, pack_plans, rewrite_tree_rows, substitute_chains, widen
-from .tp import broadcast_plans
+from .tier_states import HVDDraftWorker, TierStates
+from .tp import broadcast_step
 
 log = logging.getLogger("sglang_hvd")
 LOG_EVERY_S = 60.0  # a one-line HVD summary in the server log at most this often
@@ -59,10 +64,22 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                                    f"builds layout {int(self.draft_worker.tree_mask_mode)}: choose another "
                                    "--attention-backend, or serve a topk-1 gate")
         # Only TP rank 0 drafts and gates; other ranks receive its decision.
-        self.hvd = build_stepper(self.hvd_config, self.hvd_shape, self._hvd_dp_rank) if self._hvd_tp_rank == 0 else None
+        model_path = getattr(server_args, "model_path", None)
+        self.hvd = (build_stepper(self.hvd_config, self.hvd_shape, self._hvd_dp_rank, model_path=model_path)
+                    if self._hvd_tp_rank == 0 else None)
+        # The tiers every rank can switch to (the same tuple on every rank: the step's tier
+        # travels as an index into it); one tier, the served shape, on a cost-blind server.
+        cost_aware = self.hvd_config.profile is not None or self.hvd_config.tier_cycle
+        self.hvd_tiers = served_tiers(self.hvd_config.tiers, self.hvd_shape) if cost_aware else (Tier(self.hvd_shape),)
+        self._hvd_tier_rule = "cycle" if self.hvd_config.tier_cycle else ("cost" if cost_aware else "static")
+        self._hvd_tier_states: TierStates | None = None  # built with SGLang's backends (init_cuda_graphs)
+        if self._draft_worker is not None:  # skips EAGLE3's draft on steps no row verifies it
+            self._draft_worker.__class__ = HVDDraftWorker
         self._hvd_staging = Staging()
         self._hvd_reqs: dict = {}  # rid -> Req, for requests the stepper tracks
         self._hvd_pending = None  # (rids, EAGLE3 chains or None) of the step being verified
+        self._hvd_packed = None  # this step's packed plans, from its draft to its verify
+        self._hvd_drafts_skipped = 0  # steps whose EAGLE3 draft forwards were skipped
         self._hvd_errors = 0
         self._hvd_error_logged = False
         self.hvd_step_us = 0.0
@@ -84,35 +101,68 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                      self.hvd.rule.cache_siblings,
                      self.hvd_shape.describe(), self.hvd.drafter.name, recorder.path if recorder else "off")
 
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        if len(self.hvd_tiers) > 1 and self._draft_worker is not None:
+            self._hvd_tier_states = TierStates(self, self.hvd_tiers, self.hvd_shape)
+            log.info("HVD verify tiers: %s (%s)", ", ".join(t.name for t in self.hvd_tiers), self._hvd_tier_rule)
+
     # -- the step ----------------------------------------------------------------------
 
-    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
-        start = time.perf_counter()
+    def forward_batch_generation(self, batch, *args, **kwargs):
         if self._hvd_eligible(batch):
-            packed = None
-            try:
-                packed = self._hvd_plan(batch)
-            except Exception as e:  # HVD must never take the server down: verify EAGLE3's rows
-                self._hvd_failed(e)
-            n = batch.spec_info.draft_token_num
-            if self._hvd_tp_size > 1:  # every rank, every eligible step, whatever rank 0's step did
-                packed = broadcast_plans(packed, len(batch.reqs), n, self._hvd_tp_group, self._hvd_tp_rank, self.device)
-            if packed is not None:
-                try:
-                    self._hvd_write(batch.spec_info, packed)
-                except Exception as e:
-                    self._hvd_pending = None
-                    self._hvd_failed(e)
+            start = time.perf_counter()
+            self._hvd_prepare(batch)
             self.hvd_step_us = (time.perf_counter() - start) * 1e6
             self._hvd_report()
-        return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        return super().forward_batch_generation(batch, *args, **kwargs)
+
+    def _hvd_prepare(self, batch) -> None:
+        """Plan the step (rank 0), agree on it (TP), switch to its tier and say whether
+        EAGLE3 drafts; the plans wait in ``_hvd_packed`` for ``verify``."""
+        served = self.hvd_tiers.index(Tier(self.hvd_shape))
+        step = None
+        try:
+            step = self._hvd_plan(batch)
+        except Exception as e:  # HVD must never take the server down: verify EAGLE3's rows
+            self._hvd_pending = None
+            self._hvd_failed(e)
+        tier, eagle3, packed = step if step is not None else (served, True, None)
+        if self._hvd_tp_size > 1:  # every rank, every decode step, whatever rank 0's step did
+            tier, eagle3, packed = broadcast_step(tier, eagle3, packed, len(batch.reqs), self.hvd_shape.nodes,
+                                                  self.hvd_tiers, self._hvd_tp_group, self._hvd_tp_rank, self.device)
+        skip = not eagle3 and self.hvd_tiers[tier].speculates
+        if self._hvd_tier_states is not None:
+            try:
+                self._hvd_tier_states.activate(self.hvd_tiers[tier])
+            except Exception as e:  # a state that cannot be applied: the served shape, EAGLE3's rows
+                self._hvd_failed(e)
+                self._hvd_tier_states.activate(Tier(self.hvd_shape))
+                packed, skip, self._hvd_pending = None, False, None
+        self._draft_worker.hvd_skip_draft = skip
+        self._hvd_drafts_skipped += skip
+        self._hvd_packed = packed
 
     @staticmethod
     def _hvd_eligible(batch) -> bool:
-        """Same answer on every TP rank (it reads only the batch)."""
-        spec = batch.spec_info
-        return (not batch.forward_mode.is_idle() and int(getattr(spec, "draft_token_num", 0) or 0) > 1
+        """A decode step with requests: the same answer on every TP rank (it reads only the batch)."""
+        return (not (batch.forward_mode.is_extend() or batch.is_extend_in_batch) and not batch.forward_mode.is_idle()
                 and bool(batch.reqs))
+
+    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        packed, self._hvd_packed = self._hvd_packed, None
+        spec = batch.spec_info
+        if packed is not None and packed.shape[0] == len(batch.reqs) and int(spec.draft_token_num) > 1:
+            try:
+                if self._hvd_pending is not None and self.hvd.recorder is not None and self.topk == 1:
+                    n = spec.draft_token_num  # the EAGLE3 chains, for the recorded trace
+                    self._hvd_pending = (self._hvd_pending[0], spec.draft_token.view(len(batch.reqs), n)[:, 1:].cpu()
+                                         .numpy())
+                self._hvd_write(spec, packed)
+            except Exception as e:
+                self._hvd_pending = None
+                self._hvd_failed(e)
+        return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
 
     def _hvd_failed(self, e: Exception) -> None:
         self._hvd_errors += 1
@@ -121,23 +171,21 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             self._hvd_error_logged = True
 
     def _hvd_plan(self, batch):
-        """Rank 0: the packed row plans [bs, 2 + 2 (N-1)] of this step (pack_plans)."""
+        """Rank 0: (tier index, EAGLE3 drafts, packed row plans [bs, 2 N_tier] (pack_plans))
+        of this step; None on other ranks."""
         self._hvd_pending = None
         if self.hvd is None:
             return None
-        spec = batch.spec_info
         rids = [req.rid for req in batch.reqs]
         for req in batch.reqs:
             self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids)
             self._hvd_reqs[req.rid] = req
         self._hvd_collect_departed(set(rids))
         plans = self.hvd.plan(rids)
-        eagle_rows = None
-        if self.hvd.recorder is not None and self.topk == 1:  # the EAGLE3 chains, for the recorded trace
-            n = spec.draft_token_num
-            eagle_rows = spec.draft_token.view(len(rids), n)[:, 1:].cpu().numpy()
-        self._hvd_pending = (rids, eagle_rows)
-        return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens, plans.cache_parents)
+        self._hvd_pending = (rids, None)
+        tier = self.hvd_tiers.index(plans.tier if plans.tier is not None else Tier(self.hvd_shape))
+        return tier, plans.eagle3, pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens,
+                                              plans.cache_parents)
 
     def _hvd_write(self, spec, packed) -> None:
         if self.topk == 1:
@@ -209,9 +257,15 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                     "gate_threshold": self.hvd.rule.threshold,
                     "gate_eagle_reserve": self.hvd.rule.eagle_reserve,
                     "gate_cache_siblings": self.hvd.rule.cache_siblings,
-                    "verify_shape": self.hvd_shape.describe()}
+                    "verify_shape": self.hvd_shape.describe(), "modes": dict(self.hvd.stats.modes),
+                    "mode_names": modes_text(self.hvd.step)}
+            step = self.hvd.step
+            if step is not None and hasattr(step, "profile"):
+                gate.update(profile=step.profile.name, profile_kind=step.profile.kind)
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
-               "dp_rank": self._hvd_dp_rank or 0,
+               "dp_rank": self._hvd_dp_rank or 0, "tiers": [t.name for t in self.hvd_tiers],
+               "tier_rule": self._hvd_tier_rule, "drafts_skipped": self._hvd_drafts_skipped,
+               "tier_switches": self._hvd_tier_states.switches if self._hvd_tier_states is not None else 0,
                # requests HVD still tracks: 0 on an idle server, or some request leaks
                "tracked_requests": len(self._hvd_reqs),
                "stepper_requests": len(self.hvd.running()) if self.hvd is not None else 0}

@@ -106,3 +106,32 @@ STATIC_TIERS = "1-1-2,1-3-4,1-7-8,4-1-2,4-1-4,4-2-8,4-3-16"
 otherwise, those no wider than the gate's: topk-1 chains of 1, 3 and 7 draft tokens
 (SGLang's adaptive EAGLE3 steps 1, 3 and 7) and topk-4 trees of 2 to 16 nodes (4-3-16: the
 recommended static shape)."""
+
+
+def serving_problem(tier: Tier, shape: VerifyShape) -> str | None:
+    """Why a server started at ``shape`` cannot verify at ``tier``, or None. SGLang's
+    EAGLE3 draft worker drafts at one topk, and its memory (KV slots reserved per decode
+    step, draft buffers) is sized for the shape it was started at: a tier keeps the topk
+    and is no wider, in nodes or in steps. ``off`` is always servable."""
+    s = tier.shape
+    if s is None:
+        return None
+    if s.topk != shape.topk:
+        return f"tier {tier}: topk {s.topk}, but the server drafts at topk {shape.topk} (--speculative-eagle-topk)"
+    if s.nodes > shape.nodes or s.steps > shape.steps:
+        return (f"tier {tier} is wider than the served shape {Tier(shape)} (the server's memory is sized for "
+                f"{shape.nodes} nodes and {shape.steps} steps)")
+    return None
+
+
+def served_tiers(text: str | None, shape: VerifyShape) -> tuple[Tier, ...]:
+    """The tiers a server started at ``shape`` picks among: ``text`` (``off,4-1-4,4-3-16``)
+    or, when None, ``ladder(shape)``; the served shape itself is always among them (the
+    fallback of a failed step). ValueError names a tier it cannot serve."""
+    tiers = ladder(shape) if text is None else parse_tiers(text)
+    problems = [p for p in (serving_problem(t, shape) for t in tiers) if p]
+    if problems:
+        raise ValueError("; ".join(problems))
+    if Tier(shape) not in tiers:
+        tiers = tiers + (Tier(shape),)
+    return tuple(sorted(tiers, key=lambda t: (t.tokens_per_row, t.shape.steps if t.shape else 0)))

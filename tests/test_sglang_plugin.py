@@ -199,6 +199,7 @@ def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
     from sglang_hvd.serving.config import HVDServingConfig
     from sglang_hvd.serving.recorder import TraceRecorder
     from sglang_hvd.serving.stepper import HVDStepper
+    from sglang_hvd.tiers import Tier
     from sglang_hvd.verify import VerifyShape
 
     shape = shape or VerifyShape(1, 3, 4)
@@ -218,23 +219,29 @@ def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
     w._hvd_last_log = 0.0
     w._hvd_metrics = None
     w._hvd_staging = Staging()
+    w.hvd_tiers, w._hvd_tier_rule, w._hvd_tier_states = (Tier(shape),), "static", None
+    w._hvd_packed, w._hvd_drafts_skipped = None, 0
+    w._draft_worker = types.SimpleNamespace(hvd_skip_draft=False)
     return w
 
 
 @pytest.fixture
 def stock_verify(monkeypatch):
-    """SGLang's own verify replaced by a recorder: what did HVD hand it?"""
+    """SGLang's own decode step reduced to its verify (the verify input is the test's, as
+    if EAGLE3 had drafted it), and its verify replaced by a recorder: what did HVD hand it?"""
     import sglang.srt.speculative.eagle_worker_v2 as ew
 
     seen = []
     monkeypatch.setattr(ew.EAGLEWorkerV2, "verify",
                         lambda self, batch, pp_proxy_tensors=None, grammar_barrier=None:
                         seen.append(batch) or "verified")
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "forward_batch_generation", lambda self, batch, *a, **k: self.verify(batch))
     return seen
 
 
 def _batch(reqs, vi):
-    return types.SimpleNamespace(reqs=reqs, spec_info=vi, forward_mode=types.SimpleNamespace(is_idle=lambda: False))
+    mode = types.SimpleNamespace(is_idle=lambda: False, is_extend=lambda: False)
+    return types.SimpleNamespace(reqs=reqs, spec_info=vi, forward_mode=mode, is_extend_in_batch=False)
 
 
 def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify):
@@ -245,7 +252,7 @@ def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify)
     a, b = FakeReq("a", repeated + [7] + repeated[:5], []), FakeReq("b", [1, 2, 3], [])
     n = 4
     vi = _verify_input(torch.tensor([105, 900, 901, 902, 3, 910, 911, 912]), 2, n)
-    assert w.verify(_batch([a, b], vi)) == "verified"
+    assert w.forward_batch_generation(_batch([a, b], vi)) == "verified"
     rows = vi.draft_token.view(2, n).tolist()
     assert rows[0][1:] == [105, 106, 107]  # the cache continues the repeated prompt
     assert rows[1] == [3, 910, 911, 912]  # no cache draft: EAGLE3's row untouched
@@ -261,7 +268,7 @@ def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify)
     b._done = True
     b.output_ids += [4]
     c = FakeReq("c", [9, 9], [])
-    w.verify(_batch([c], _verify_input(torch.tensor([9, 1, 2, 3]), 1, n)))
+    w.forward_batch_generation(_batch([c], _verify_input(torch.tensor([9, 1, 2, 3]), 1, n)))
     assert w.hvd.running() == ["c"]
     w.clear_cache_pool()
     assert w.hvd.running() == [] and w._hvd_reqs == {}
@@ -291,8 +298,8 @@ def test_a_failing_step_verifies_eagle3_rows_and_is_counted(demo_dir, tmp_path, 
     w._hvd_plan = broken
     vi = _verify_input(torch.tensor([5, 11, 12, 13]), 1, 4)
     with caplog.at_level("ERROR"):
-        assert w.verify(_batch([FakeReq("a", [1, 2], [])], vi)) == "verified"
-        assert w.verify(_batch([FakeReq("a", [1, 2], [])], vi)) == "verified"
+        assert w.forward_batch_generation(_batch([FakeReq("a", [1, 2], [])], vi)) == "verified"
+        assert w.forward_batch_generation(_batch([FakeReq("a", [1, 2], [])], vi)) == "verified"
     assert w.hvd_stats()["step_errors"] == 2 and vi.draft_token.tolist() == [5, 11, 12, 13]
     assert caplog.text.count("HVD step failed (drafter exploded)") == 1
     w.hvd.recorder.close()
@@ -325,10 +332,11 @@ def test_every_tp_rank_joins_the_broadcast_even_when_rank_0s_step_fails(demo_dir
     lead._hvd_plan = broken
     vi0 = _verify_input(torch.tensor([5, 11, 12, 13]), 1, 4)
     vi1 = _verify_input(torch.tensor([5, 11, 12, 13]), 1, 4)
-    lead.verify(_batch([FakeReq("a", [1, 2], [])], vi0))
-    # EAGLE3 everywhere: L 0, M 3, no cache tokens, no parents
-    assert len(RecordingGroup.sent) == 1 and RecordingGroup.sent[0].tolist() == [[0, 3, -1, -1, -1, -1, -1, -1]]
-    other.verify(_batch([FakeReq("a", [1, 2], [])], vi1))
+    lead.forward_batch_generation(_batch([FakeReq("a", [1, 2], [])], vi0))
+    # The served tier (0, the only one), EAGLE3 drafts, no plans: EAGLE3's rows as drafted
+    assert len(RecordingGroup.sent) == 1
+    assert RecordingGroup.sent[0].tolist() == [[0, 1, 0, -1, -1, -1, -1, -1], [-1] * 8]
+    other.forward_batch_generation(_batch([FakeReq("a", [1, 2], [])], vi1))
     assert RecordingGroup.sent == [] and torch.equal(vi0.draft_token, vi1.draft_token)
     lead.hvd.recorder.close()
 
@@ -347,16 +355,22 @@ def _tp_rank(rank: int, init_file: str, queue) -> None:
     import torch.distributed as dist
 
     from sglang_hvd.patches.rows import pack_plans
-    from sglang_hvd.patches.tp import broadcast_plans
+    from sglang_hvd.patches.tp import broadcast_step
+    from sglang_hvd.tiers import parse_tiers
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         got = []
+        tiers = parse_tiers("off,2-1-2,2-3-8")
         plans = pack_plans(np.array([2, 0]), np.array([5, 7]), np.array([[9, 8, -1, -1, -1, -1, -1], [-1] * 7]))
-        # Step 1: rank 0 planned; step 2: rank 0's HVD step failed (no plans); step 3: planned again.
-        for packed in (plans, None, plans):
-            mine = packed if rank == 0 else np.full((2, 16), 123)  # what other ranks hold is ignored
-            got.append(broadcast_plans(mine, 2, 8, GlooGroup(), rank).tolist())
+        narrow = pack_plans(np.array([1, 0]), np.array([0, 0]), np.array([[4], [-1]]))
+        plain = pack_plans(np.zeros(2, int), np.zeros(2, int), np.zeros((2, 0), int))
+        # Step 1: rank 0 planned at 2-3-8; step 2: its HVD step failed (no plans); step 3: a
+        # cache-only step at 2-1-2; step 4: off.
+        for step in ((2, True, plans), (2, True, None), (1, False, narrow), (0, False, plain)):
+            mine = step if rank == 0 else (1, True, np.full((2, 16), 123))  # what other ranks hold is ignored
+            tier, eagle3, packed = broadcast_step(*mine, 2, 8, tiers, GlooGroup(), rank)
+            got.append((tier, eagle3, None if packed is None else packed.tolist()))
         queue.put((rank, got))
     finally:
         dist.destroy_process_group()
@@ -375,5 +389,5 @@ def test_plans_broadcast_over_a_real_two_process_group_every_step(tmp_path):
     assert results[0] == results[1]
     chain = [-1, 0, 1, 2, 3, 4, 5]  # pack_plans' parents for chains
     planned = [[2, 5, 9, 8, -1, -1, -1, -1, -1] + chain, [0, 7, -1, -1, -1, -1, -1, -1, -1] + chain]
-    eagle3 = [[0, 7] + [-1] * 14] * 2
-    assert results[0] == [planned, eagle3, planned]
+    assert results[0] == [(2, True, planned), (2, True, None), (1, False, [[1, 0, 4, -1], [0, 0, -1, -1]]),
+                          (0, False, [[0, 0], [0, 0]])]

@@ -56,6 +56,19 @@ class HVDServingConfig:
     # DrafterConfig fields set explicitly, as (name, value) in DrafterConfig's field order:
     # their options are DrafterConfig's own fields (DRAFTER_OPTIONS).
     drafter_overrides: tuple[tuple[str, float], ...] = ()
+    profile: str | None = option(
+        None, "cost-aware verification: each decode step verifies at the tier (--hvd-tiers) of the most predicted "
+              "tokens per second under this step-time profile: a shipped estimate (qwen3-8b-h200, qwen3-8b-h100) or "
+              "a file from `hvd profile`; unset, every step verifies at the served shape (cost-blind)",
+        metavar="P")
+    tiers: str | None = option(
+        None, "the verify tiers a cost-aware server picks among, e.g. off,4-1-4,4-2-8,4-3-16 (off: no speculation; "
+              "TOPK-STEPS-NODES: the served topk, no wider than the served shape, which is always added)",
+        metavar="T,...", default_text="off and the served shape's halved widths (4-3-16: off,4-1-2,4-1-4,4-2-8,4-3-16)")
+    tier_cycle: bool = option(
+        False, "diagnostic: step through every tier, with and without EAGLE3's draft, one decode step each, "
+               "ignoring the profile (checks that a deployment serves every tier losslessly; slow)",
+        launcher_default=False)
     record_traces: str | None = option(
         None, "append token traces of served requests to PATH, off the decode path (one file per DP rank)",
         metavar="PATH")
@@ -78,6 +91,9 @@ class HVDServingConfig:
                 raise HvdInputError(f"{_DRAFTER_BY_NAME[name].env} {problem}")
         if self.enable and not self.gate:
             raise HvdInputError(f"{PREFIX}ENABLE=1 needs a gate: set {PREFIX}GATE=DIR (or --hvd-gate DIR)")
+        if self.tiers is not None and self.profile is None and not self.tier_cycle:
+            raise HvdInputError(f"{PREFIX}TIERS picks among tiers by a step-time profile: also set {PREFIX}PROFILE "
+                                "(--hvd-profile qwen3-8b-h200, or a file from `hvd profile`)")
         if self.score_rule is not None and self.threshold is not None:
             raise HvdInputError(f"{PREFIX}THRESHOLD is the gate's and {PREFIX}SCORE_RULE replaces the gate: set one "
                                 "(--hvd-threshold or --hvd-score-rule)")

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
+from ..cost_rule import CostRule
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..scorer import ScoreRule, ServedScorer
+from ..step_profile import StepProfile, load_profile
+from ..tiers import served_tiers
 from ..verify import VerifyShape
 from .config import HVDServingConfig
 from .recorder import TraceRecorder, rank_path
@@ -31,9 +36,11 @@ def check_shape(gate: ServedScorer, served: VerifyShape) -> None:
             f"(hvd train ... --verify-topk {served.topk} --verify-steps {served.steps} --verify-nodes {served.nodes})")
 
 
-def build_stepper(config: HVDServingConfig, shape: VerifyShape, dp_rank: int | None = None) -> HVDStepper:
+def build_stepper(config: HVDServingConfig, shape: VerifyShape, dp_rank: int | None = None,
+                  model_path: str | None = None) -> HVDStepper:
     """The stepper of one scheduler; ``dp_rank``: its data-parallel rank when the server
-    runs several (each records to its own file, recorder.rank_path)."""
+    runs several (each records to its own file, recorder.rank_path); ``model_path``: the
+    served model, which a --hvd-profile must time."""
     gate = load_gate(config)
     check_shape(gate, shape)
     name = config.drafter or default_drafter_name()
@@ -48,4 +55,45 @@ def build_stepper(config: HVDServingConfig, shape: VerifyShape, dp_rank: int | N
             recorder = TraceRecorder(path, max_queue=config.record_queue)
         except OSError as e:
             raise HvdInputError(f"{path}: cannot record traces there ({e.strerror})") from None
-    return HVDStepper(drafter, gate, shape, recorder=recorder, tokenizer=gate.spec.tokenizer)
+    step = cost_rule(config, gate, shape, model_path)
+    stepper = HVDStepper(drafter, gate, shape, recorder=recorder, tokenizer=gate.spec.tokenizer, step=step)
+    if config.tier_cycle:
+        stepper.cycle = step.modes
+    return stepper
+
+
+def model_name(path: str | None) -> str:
+    """A model's name for matching profiles to servers: the last part of its path or hub
+    id, lower case (``Qwen/Qwen3-8B`` and ``/models/qwen3-8b/`` are both ``qwen3-8b``)."""
+    return os.path.basename(os.path.normpath(str(path or ""))).lower()
+
+
+def check_profile_model(profile: StepProfile, model_path: str | None, spec: str) -> None:
+    """A profile times one target model: refuse it for a server of another."""
+    if model_path and model_name(profile.target_model) != model_name(model_path):
+        raise HvdInputError(
+            f"--hvd-profile {spec} times {profile.target_model} ({profile.describe()}), but this server serves "
+            f"{model_path}: measure a profile for it (hvd profile --url URL --timings FILE -o profile.json against a "
+            "server started with --hvd-tier-cycle --hvd-timings FILE) or drop --hvd-profile")
+
+
+def cost_rule(config: HVDServingConfig, gate: ServedScorer, shape: VerifyShape,
+              model_path: str | None = None) -> CostRule | None:
+    """The cost rule of a cost-aware server (None: cost-blind). Raises HvdInputError for a
+    profile that cannot be read or times another model, or a tier the server cannot verify."""
+    if config.profile is None and not config.tier_cycle:
+        return None
+    try:
+        tiers = served_tiers(config.tiers, shape)
+    except ValueError as e:
+        raise HvdInputError(f"--hvd-tiers: {e}") from None
+    profile = load_profile(config.profile or "qwen3-8b-h200")
+    if config.profile is not None:
+        check_profile_model(profile, model_path, config.profile)
+    return CostRule(profile, gate.verify_model.eagle3, tiers)
+
+
+def modes_text(rule: CostRule | None) -> list[str]:
+    """The step modes a server picks among, by name (/server_info)."""
+    return [] if rule is None else [m.name for m in rule.modes]
+

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 # What every replica of a fleet should agree on.
 GATE_KEYS = ("gate_digest", "decision", "gate_threshold", "gate_eagle_reserve", "gate_cache_siblings", "verify_shape")
 SUMMED = ("steps", "rows", "cache_rows", "two_branch_rows", "tree_rows", "sibling_wins", "eagle3_branch_wins",
-          "cache_accepted", "eagle3_verifies", "eagle3_accepted", "cpu_us_total", "gate_errors", "step_errors",
-          "recorded_dropped", "recorded_failed")
+          "cache_accepted", "eagle3_verifies", "eagle3_accepted", "plain_rows", "cpu_us_total", "gate_errors",
+          "step_errors", "recorded_dropped", "recorded_failed")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

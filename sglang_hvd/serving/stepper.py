@@ -81,6 +81,7 @@ class StepStats:
     eagle3_branch_wins: int = 0  # two-branch rows whose EAGLE3 branch was accepted
     eagle3_rows: int = 0  # rows verifying EAGLE3's draft alone
     eagle3_accepted: int = 0  # EAGLE3 tokens accepted (its rows and its branch wins)
+    plain_rows: int = 0  # rows that verified no draft (the off tier; a cache-only step's rows without a cache draft)
     gate_errors: int = 0
     cpu_us_total: float = 0.0
     modes: dict[str, int] = dataclasses.field(default_factory=dict)  # steps per StepMode name (a cost rule's picks)
@@ -106,6 +107,7 @@ class HVDStepper:
         self._append_tokens: list[list[int]] = []
         self.stats = StepStats()
         self._gate_error_logged = False
+        self.cycle: tuple[StepMode, ...] = ()  # the tier-cycle diagnostic: these modes in turn, one per step
 
     @property
     def threshold(self) -> float:
@@ -183,9 +185,10 @@ class HVDStepper:
         def trees(rows: np.ndarray) -> RowTreeBatch:  # the drafted rows (tree features) or those with room
             return self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
 
-        context = sum(len(s.prompt) + len(s.output) for s in states) if isinstance(self.step, CostRule) else 0
+        step = self.cycle[self.stats.steps % len(self.cycle)] if self.cycle else self.step
+        context = sum(len(s.prompt) + len(s.output) for s in states) if isinstance(step, CostRule) else 0
         plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees,
-                       step=self.step, context_tokens=context)
+                       step=step, context_tokens=context)
         if plans.tier is not None:
             name = StepMode(plans.tier, plans.eagle3).name  # what the step ran
             self.stats.modes[name] = self.stats.modes.get(name, 0) + 1
@@ -234,6 +237,9 @@ class HVDStepper:
         stats.rows += 1
         record = self.recorder is not None
         cache = v.step.cache_lens[v.row]
+        if not cache and not v.step.eagle_nodes[v.row]:
+            stats.plain_rows += 1  # nothing drafted was verified: no trace step
+            return
         if not cache:
             stats.eagle3_rows += 1
             stats.eagle3_accepted += a
@@ -272,7 +278,7 @@ class HVDStepper:
     def summary(self) -> dict[str, float]:
         s = self.stats
         counts = {"steps": s.steps, "rows": s.rows, "cache_rows": s.cache_rows, "two_branch_rows": s.two_branch_rows,
-                  "tree_rows": s.tree_rows, "sibling_wins": s.sibling_wins,
+                  "tree_rows": s.tree_rows, "sibling_wins": s.sibling_wins, "plain_rows": s.plain_rows,
                   "eagle3_branch_wins": s.eagle3_branch_wins, "cache_accepted": s.cache_accepted,
                   "eagle3_verifies": s.eagle3_rows + s.eagle3_branch_wins, "eagle3_accepted": s.eagle3_accepted,
                   "cpu_us_total": s.cpu_us_total}
