@@ -31,8 +31,9 @@ def check_sglang_version(config: HVDServingConfig) -> str:
     return found
 
 
-def check_server_args(server_args) -> None:
-    """Refuse setups the HVD worker does not handle (yet), naming the flag to change."""
+def check_server_args(server_args, config: HVDServingConfig | None = None) -> None:
+    """Refuse setups the HVD worker does not handle (yet), naming the flag to change
+    (``config``: the HVD settings, by default from the environment)."""
     algo = str(getattr(server_args, "speculative_algorithm", None) or "")
     if algo.upper() != "EAGLE3":
         raise UnsupportedSetup("HVD runs on the EAGLE3 verify path: pass --speculative-algorithm EAGLE3 "
@@ -64,6 +65,10 @@ def check_server_args(server_args) -> None:
         raise UnsupportedSetup("HVD's gate is trained for one verify shape, "
                                "but --speculative-adaptive changes the steps and "
                                "draft tokens at run time: drop --speculative-adaptive")
+    config = HVDServingConfig.from_env() if config is None else config
+    if (config.profile is not None or config.tier_cycle) and getattr(server_args, "enable_dp_attention", False):
+        raise UnsupportedSetup("HVD's verify tiers switch per step, and attention-DP ranks run their forwards "
+                               "together: drop --enable-dp-attention, or --hvd-profile / --hvd-tier-cycle")
     if getattr(server_args, "enable_multi_layer_eagle", False):
         raise UnsupportedSetup("HVD patches the single-layer EAGLE3 worker: drop --enable-multi-layer-eagle")
 

@@ -79,14 +79,16 @@ def validate(config: HVDServingConfig, server_args) -> None:
     """Everything that can be checked before SGLang loads a model."""
     if not config.enable:
         return
-    from sglang_hvd.serving.factory import check_shape, load_gate
+    from sglang_hvd.serving.factory import check_shape, cost_rule, load_gate
 
     from .checks import check_server_args, check_sglang_version, served_shape
 
     check_sglang_version(config)
-    check_server_args(server_args)
+    check_server_args(server_args, config)
     gate = load_gate(config)  # missing, corrupt or schema-mismatched gates stop here
-    check_shape(gate, served_shape(server_args))
+    shape = served_shape(server_args)
+    check_shape(gate, shape)
+    cost_rule(config, gate, shape, getattr(server_args, "model_path", None))  # the profile and tiers
     check_tokenizer(gate, getattr(server_args, "tokenizer_path", None) or getattr(server_args, "model_path", None))
     config.drafter_config(gate.drafter_config)
     if config.drafter is not None:

@@ -20,6 +20,10 @@ GAUGES = {
     "eagle3_mean_accept": "Mean accepted draft tokens of EAGLE3 rows and EAGLE3 branch wins",
     "cpu_us_per_step": "CPU microseconds of drafting and gating per decode step",
     "gate_errors": "Steps whose gate call failed (they verified EAGLE3 drafts)",
+    "drafts_skipped": "Decode steps whose EAGLE3 draft forwards were skipped (no row verified an EAGLE3 node)",
+    "tier_switches": "Switches of the verify tier (cost-aware serving, --hvd-profile)",
+    "profile_version": "Step-time profiles refitted online and served after the first",
+    "profile_error_step": "Mean |predicted / measured - 1| of the served profile's step time on the newest steps",
     "recorded_dropped": "Trace records dropped because the recorder queue was full",
     "recorded_failed": "Trace records lost because writing them failed (disk full, read-only file)",
 }

@@ -35,6 +35,8 @@ from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 from sglang_hvd.tiers import Tier
 from sglang_hvd.verify import VerifyShape
 
+from .step_clock import DRAFT, EXTEND
+
 SWITCH_LOG = "Switch adaptive runtime state"  # SGLang's info line per switch: every step under HVD
 
 
@@ -69,14 +71,23 @@ def placeholder_draft(bonus: torch.Tensor, topk: int, steps: int, nodes: int):
 
 
 class HVDDraftWorker(ew.EagleDraftWorker):
-    """SGLang's EAGLE3 draft worker (its class swapped in place: no new state but one
-    flag) whose ``draft`` skips the draft model when the HVD worker says so."""
+    """SGLang's EAGLE3 draft worker (its class swapped in place: no new state but two
+    attributes the HVD worker sets) whose ``draft`` skips the draft model when
+    ``hvd_skip_draft`` says so, and whose draft and extend forwards ``hvd_clock`` times
+    (patches/step_clock.py)."""
 
     hvd_skip_draft = False
+    hvd_clock = None
 
     def draft(self, batch, *, with_topology: bool = False):
         if not self.hvd_skip_draft or with_topology or batch.forward_mode.is_idle():
-            return super().draft(batch, with_topology=with_topology)
+            clock = self.hvd_clock
+            if clock is None:
+                return super().draft(batch, with_topology=with_topology)
+            clock.start(DRAFT)
+            out = super().draft(batch, with_topology=with_topology)
+            clock.stop(DRAFT)
+            return out
         spec = batch.spec_info
         parents, index, tokens = placeholder_draft(spec.bonus_tokens, self.topk, self.speculative_num_steps,
                                                    self.speculative_num_draft_tokens)
@@ -84,6 +95,16 @@ class HVDDraftWorker(ew.EagleDraftWorker):
             batch, spec, parents, index, tokens, None, target_worker=self.target_worker, topk=self.topk,
             num_steps=self.speculative_num_steps, num_draft_tokens=self.speculative_num_draft_tokens,
             tree_mask_mode=self.tree_mask_mode, device=self.device)
+
+
+    def _draft_extend_for_decode(self, *args, **kwargs):
+        clock = self.hvd_clock
+        if clock is None:
+            return super()._draft_extend_for_decode(*args, **kwargs)
+        clock.start(EXTEND)
+        out = super()._draft_extend_for_decode(*args, **kwargs)
+        clock.stop(EXTEND)
+        return out
 
 
 class TierStates:

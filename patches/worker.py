@@ -22,6 +22,8 @@ and that step verifies EAGLE3's rows at the served shape.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import time
@@ -29,13 +31,17 @@ import time
 from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
+from sglang_hvd.cost_rule import CostRule
 from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.factory import build_stepper, modes_text
+from sglang_hvd.serving.recorder import rank_path
+from sglang_hvd.serving.step_timing import ProfileRefiner
 from sglang_hvd.tiers import Tier, served_tiers
 from sglang_hvd.verify import VerifyShape
 
 from .checks import UnsupportedSetup
 from .rows import FULL_MASK, QLEN_ONLY, Staging, pack_plans, rewrite_tree_rows, substitute_chains, widen
+from .step_clock import HOST, VERIFY, StepClock
 from .tier_states import HVDDraftWorker, TierStates
 from .tp import broadcast_step
 
@@ -80,6 +86,23 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_pending = None  # (rids, EAGLE3 chains or None) of the step being verified
         self._hvd_packed = None  # this step's packed plans, from its draft to its verify
         self._hvd_drafts_skipped = 0  # steps whose EAGLE3 draft forwards were skipped
+        self._hvd_step_shape = None  # (tier, EAGLE3 drafted) of the step in flight, for its timing
+        # Rank 0 times each decode step's parts: for --hvd-timings, and to refine a served profile.
+        self._hvd_clock = self._hvd_timings = self._hvd_refiner = None
+        if self.hvd is not None:
+            rule = self.hvd.step
+            if isinstance(rule, CostRule) and not self.hvd_config.tier_cycle:
+                self._hvd_refiner = ProfileRefiner(rule.profile)
+            if self.hvd_config.timings:
+                path = rank_path(self.hvd_config.timings, self._hvd_dp_rank)
+                try:
+                    self._hvd_timings = open(path, "a", encoding="utf-8")
+                except OSError as e:
+                    raise UnsupportedSetup(f"--hvd-timings {path}: cannot write there ({e.strerror})") from None
+            if self._hvd_refiner is not None or self._hvd_timings is not None:
+                self._hvd_clock = StepClock(self.device)
+                if self._draft_worker is not None:
+                    self._draft_worker.hvd_clock = self._hvd_clock
         self._hvd_errors = 0
         self._hvd_error_logged = False
         self.hvd_step_us = 0.0
@@ -110,12 +133,45 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
     # -- the step ----------------------------------------------------------------------
 
     def forward_batch_generation(self, batch, *args, **kwargs):
-        if self._hvd_eligible(batch):
-            start = time.perf_counter()
-            self._hvd_prepare(batch)
-            self.hvd_step_us = (time.perf_counter() - start) * 1e6
-            self._hvd_report()
-        return super().forward_batch_generation(batch, *args, **kwargs)
+        if not self._hvd_eligible(batch):
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        clock = self._hvd_clock
+        start = time.perf_counter()
+        if clock is not None:
+            clock.discard()  # marks of a prefill's draft extend
+            clock.start(HOST)
+        self._hvd_prepare(batch)
+        if clock is not None:
+            clock.stop(HOST)
+        self.hvd_step_us = (time.perf_counter() - start) * 1e6
+        self._hvd_report()
+        out = super().forward_batch_generation(batch, *args, **kwargs)
+        if clock is not None:
+            self._hvd_timed(batch)
+        return out
+
+    def _hvd_timed(self, batch) -> None:
+        """Close the step's timing: the timings file, the served profile's refinement."""
+        tier, drafted = self._hvd_step_shape
+        shape = self.hvd_tiers[tier].shape
+        context = sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
+        timing = self._hvd_clock.finish(batch=len(batch.reqs), tokens_per_row=1 if shape is None else shape.nodes,
+                                        context_tokens=context, draft_steps=shape.steps if drafted else 0,
+                                        topk=self.topk)
+        if timing is None:
+            return
+        if self._hvd_timings is not None:
+            try:
+                self._hvd_timings.write(json.dumps(timing.to_json()) + "\n")
+                self._hvd_timings.flush()
+            except (OSError, ValueError) as e:  # a full disk stops the file, never the server
+                log.error("HVD: --hvd-timings stopped (%s)", e)
+                self._hvd_timings = None
+        refiner = self._hvd_refiner
+        if refiner is not None and refiner.add(timing) and isinstance(self.hvd.step, CostRule):
+            self.hvd.step = dataclasses.replace(self.hvd.step, profile=refiner.profile)
+            log.info("HVD: serving the profile refitted from %d timed steps (step error %.1f%%)", refiner.steps,
+                     100 * refiner.profile.fit_error.get("step", math.nan))
 
     def _hvd_prepare(self, batch) -> None:
         """Plan the step (rank 0), agree on it (TP), switch to its tier and say whether
@@ -138,10 +194,11 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             except Exception as e:  # a state that cannot be applied: the served shape, EAGLE3's rows
                 self._hvd_failed(e)
                 self._hvd_tier_states.activate(Tier(self.hvd_shape))
-                packed, skip, self._hvd_pending = None, False, None
+                tier, packed, skip, self._hvd_pending = served, None, False, None
         self._draft_worker.hvd_skip_draft = skip
         self._hvd_drafts_skipped += skip
         self._hvd_packed = packed
+        self._hvd_step_shape = (tier, self.hvd_tiers[tier].speculates and not skip)
 
     @staticmethod
     def _hvd_eligible(batch) -> bool:
@@ -162,7 +219,13 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             except Exception as e:
                 self._hvd_pending = None
                 self._hvd_failed(e)
-        return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        clock = self._hvd_clock
+        if clock is None:
+            return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        clock.start(VERIFY)
+        out = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        clock.stop(VERIFY)
+        return out
 
     def _hvd_failed(self, e: Exception) -> None:
         self._hvd_errors += 1
@@ -203,7 +266,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         if self.hvd is None:
             return
         if self._hvd_metrics is not None:
-            self._hvd_metrics.update(self.hvd.summary())
+            refined = self._hvd_refiner.summary() if self._hvd_refiner is not None else {}
+            switches = self._hvd_tier_states.switches if self._hvd_tier_states is not None else 0
+            self._hvd_metrics.update({**self.hvd.summary(), **refined, "drafts_skipped": self._hvd_drafts_skipped,
+                                      "tier_switches": switches})
         if time.monotonic() - self._hvd_last_log > LOG_EVERY_S:
             self._hvd_last_log = time.monotonic()
             s = self.hvd.summary()
@@ -260,8 +326,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                     "verify_shape": self.hvd_shape.describe(), "modes": dict(self.hvd.stats.modes),
                     "mode_names": modes_text(self.hvd.step)}
             step = self.hvd.step
-            if step is not None and hasattr(step, "profile"):
+            if isinstance(step, CostRule):
                 gate.update(profile=step.profile.name, profile_kind=step.profile.kind)
+            if self._hvd_refiner is not None:  # the profile in use and its error on the newest steps
+                gate.update(self._hvd_refiner.summary())
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
                "dp_rank": self._hvd_dp_rank or 0, "tiers": [t.name for t in self.hvd_tiers],
                "tier_rule": self._hvd_tier_rule, "drafts_skipped": self._hvd_drafts_skipped,

@@ -55,6 +55,9 @@ def test_config_round_trips_through_the_environment():
     ({"SGLANG_HVD_CACHE_SIBLINGS": "-2"}, "SGLANG_HVD_CACHE_SIBLINGS must be >= 0, got -2"),
     ({"SGLANG_HVD_SCORE_RULE": "2", "SGLANG_HVD_THRESHOLD": "1"}, "SGLANG_HVD_SCORE_RULE replaces the gate: set one"),
     ({"SGLANG_HVD_SCORE_RULE": "nan"}, "SGLANG_HVD_SCORE_RULE must be a finite score, got nan"),
+    ({"SGLANG_HVD_TIERS": "off,1-3-4"}, "SGLANG_HVD_TIERS picks among tiers by a step-time profile: also set "
+                                        "SGLANG_HVD_PROFILE"),
+    ({"SGLANG_HVD_TIER_CYCLE": "on"}, "SGLANG_HVD_TIER_CYCLE must be 0 or 1, got 'on'"),
 ])
 def test_bad_environment_is_named(env, message):
     with pytest.raises(HvdInputError, match=message):
@@ -370,3 +373,64 @@ def test_sync_hands_the_drafter_each_steps_new_tokens_in_one_append_batch():
                      ("start_request", "b", [5, 6]), ("append_batch", ["b", "a"], [[7, 8], [9]]),
                      ("speculate_arrays", ["a", "b"]), ("append_batch", ["a"], [[1]]), ("finish_request", "a")]
     assert drafter.context("b").tolist() == [5, 6, 7, 8] and drafter.memory_stats()["global_tokens"] == 5.0
+
+
+def test_cost_aware_serving_settings_are_checked_before_serving(demo_dir, demo_gate, tmp_path):
+    from sglang_hvd.serving.factory import build_stepper, cost_rule
+    from sglang_hvd.step_profile import load_profile
+
+    shape = demo_gate.verify_model.shape  # the demo gate's: 4-3-16
+    gate_dir = os.path.join(demo_dir, "gate")
+    cfg = HVDServingConfig(enable=True, gate=gate_dir, profile="qwen3-8b-h200", tiers="4-1-4,off", tier_cycle=False,
+                           timings=str(tmp_path / "t.jsonl"))
+    assert HVDServingConfig.from_env(cfg.to_env()) == cfg
+    assert cost_rule(HVDServingConfig(enable=True, gate=gate_dir), demo_gate, shape) is None  # cost-blind
+    rule = cost_rule(cfg, demo_gate, shape, "/models/qwen3-8b/")
+    assert [t.name for t in rule.tiers] == ["off", "4-1-4", "4-3-16"] and rule.profile.name == "qwen3-8b-h200"
+    assert [m.name for m in rule.modes] == ["off", "4-1-4/cache", "4-1-4", "4-3-16/cache", "4-3-16"]
+    with pytest.raises(HvdInputError, match=r"--hvd-profile qwen3-8b-h200 times Qwen/Qwen3-8B .* but this server "
+                                            r"serves /models/llama-3-8b: measure a profile for it \(hvd profile"):
+        cost_rule(cfg, demo_gate, shape, "/models/llama-3-8b")
+    with pytest.raises(HvdInputError, match="--hvd-tiers: tier 1-3-4: topk 1, but the server drafts at topk 4"):
+        cost_rule(dataclasses.replace(cfg, tiers="off,1-3-4"), demo_gate, shape)
+    measured = dataclasses.replace(load_profile("qwen3-8b-h100"), name="mine", kind="measured",
+                                   target_model="/data/tiny-llama")
+    measured.write(str(tmp_path / "p.json"))
+    mine = dataclasses.replace(cfg, profile=str(tmp_path / "p.json"), tiers=None)
+    assert cost_rule(mine, demo_gate, shape, "/elsewhere/TINY-LLAMA").profile.name == "mine"
+    with pytest.raises(HvdInputError, match="no such profile file, and not a shipped estimate"):
+        cost_rule(dataclasses.replace(cfg, profile=str(tmp_path / "missing.json")), demo_gate, shape)
+    # the tier-cycle diagnostic: every mode in turn, whatever the profile
+    stepper = build_stepper(HVDServingConfig(enable=True, gate=gate_dir, tier_cycle=True, drafter="python"), shape)
+    assert [m.name for m in stepper.cycle] == ["off", "4-1-2/cache", "4-1-2", "4-1-4/cache", "4-1-4", "4-2-8/cache",
+                                               "4-2-8", "4-3-16/cache", "4-3-16"]
+
+
+def test_a_stepper_cycling_through_every_tier_serves_losslessly_and_records_no_plain_steps(demo_dir, demo_gate,
+                                                                                           tmp_path):
+    from sglang_hvd.serving.factory import build_stepper
+
+    records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:30]
+    cfg = HVDServingConfig(enable=True, gate=os.path.join(demo_dir, "gate"), tier_cycle=True, drafter="python",
+                           record_traces=str(tmp_path / "served.jsonl"))
+    stepper = build_stepper(cfg, demo_gate.verify_model.shape)
+    emitted = serve(records, stepper, demo_gate.verify_model)
+    stepper.recorder.close()
+    for r in records:
+        assert emitted[r.req_id] == r.output_ids.tolist()
+    # One mode per step, in turn: each tier's share of the steps is its share of the cycle
+    # (a mode with EAGLE3 counts as cache-only when no row kept an EAGLE3 node).
+    modes, steps = stepper.stats.modes, stepper.stats.steps
+    per_tier = {}
+    for name, n in modes.items():
+        per_tier[name.split("/")[0]] = per_tier.get(name.split("/")[0], 0) + n
+    assert sum(modes.values()) == steps and per_tier["off"] in (steps // 9, steps // 9 + 1)
+    assert all(abs(per_tier[t] - 2 * steps / 9) <= 2 for t in ("4-1-2", "4-1-4", "4-2-8", "4-3-16"))
+    assert all(modes.get(f"{t}/cache", 0) > 0 and modes.get(t, 0) > 0 for t in ("4-1-4", "4-2-8", "4-3-16"))
+    s = stepper.summary()
+    assert s["plain_rows"] > 0 and s["cache_rows"] > 0 and s["gate_errors"] == 0
+    assert s["rows"] == s["plain_rows"] + s["cache_rows"] + s["eagle3_verifies"] - s["eagle3_branch_wins"]
+    back = {r.req_id: r for r in iter_traces(str(tmp_path / "served.jsonl"))}
+    assert set(back) == {r.req_id for r in records}
+    for r in records:  # the trace reader checks each recorded step against the output
+        assert back[r.req_id].output_ids.tolist() == r.output_ids.tolist()

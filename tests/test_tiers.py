@@ -63,3 +63,18 @@ def test_a_served_shape_s_ladder_halves_its_width_at_its_own_topk():
     assert names(VerifyShape(4, 3, 8)) == ["off", "4-1-2", "4-1-4", "4-3-8"]  # the served shape keeps its steps
     # a topk-4 tree of 7 draft nodes needs 2 steps (4 + 16 >= 7), of 4: 1; a chain of 7: 7
     assert (steps_for(4, 8), steps_for(4, 5), steps_for(4, 4), steps_for(1, 8)) == (2, 1, 1, 7)
+
+
+def test_a_server_verifies_tiers_of_its_topk_no_wider_than_its_shape():
+    from sglang_hvd.tiers import serving_problem, served_tiers
+
+    served = VerifyShape(4, 3, 16)
+    assert serving_problem(Tier(), served) is None
+    assert serving_problem(Tier.parse("4-2-8"), served) is None
+    assert "topk 1, but the server drafts at topk 4" in serving_problem(Tier.parse("1-3-4"), served)
+    assert "wider than the served shape 4-3-16" in serving_problem(Tier.parse("4-4-20"), served)
+    # the default: off and the halved widths; the served shape is always there, tiers by width
+    assert [t.name for t in served_tiers(None, served)] == ["off", "4-1-2", "4-1-4", "4-2-8", "4-3-16"]
+    assert [t.name for t in served_tiers("4-2-8,off", served)] == ["off", "4-2-8", "4-3-16"]
+    with pytest.raises(ValueError, match="tier 1-1-2: topk 1"):
+        served_tiers("off,1-1-2", served)

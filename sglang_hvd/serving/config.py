@@ -69,6 +69,10 @@ class HVDServingConfig:
         False, "diagnostic: step through every tier, with and without EAGLE3's draft, one decode step each, "
                "ignoring the profile (checks that a deployment serves every tier losslessly; slow)",
         launcher_default=False)
+    timings: str | None = option(
+        None, "append each decode step's measured parts (target verify, EAGLE3 draft, draft extend, HVD host time, "
+              "in ms) to PATH, one JSON line per step, for `hvd profile` (TP rank 0; one file per DP rank)",
+        metavar="PATH")
     record_traces: str | None = option(
         None, "append token traces of served requests to PATH, off the decode path (one file per DP rank)",
         metavar="PATH")

@@ -85,6 +85,7 @@ class StepStats:
     gate_errors: int = 0
     cpu_us_total: float = 0.0
     modes: dict[str, int] = dataclasses.field(default_factory=dict)  # steps per StepMode name (a cost rule's picks)
+    modelled_ms: float = 0.0  # the steps' time under a cost rule's profile (0 without one)
 
 
 class HVDStepper:
@@ -192,6 +193,9 @@ class HVDStepper:
         if plans.tier is not None:
             name = StepMode(plans.tier, plans.eagle3).name  # what the step ran
             self.stats.modes[name] = self.stats.modes.get(name, 0) + 1
+            if isinstance(step, CostRule):  # the step's time under the profile it was chosen by (as fleet replay's)
+                self.stats.modelled_ms += step.profile.step_ms(plans.tier, len(rids), context, eagle3=plans.eagle3,
+                                                               host=self.host, extend=self.extend)
         if plans.gate_error is not None:
             self.stats.gate_errors += 1
             if not self._gate_error_logged:
@@ -281,7 +285,7 @@ class HVDStepper:
                   "tree_rows": s.tree_rows, "sibling_wins": s.sibling_wins, "plain_rows": s.plain_rows,
                   "eagle3_branch_wins": s.eagle3_branch_wins, "cache_accepted": s.cache_accepted,
                   "eagle3_verifies": s.eagle3_rows + s.eagle3_branch_wins, "eagle3_accepted": s.eagle3_accepted,
-                  "cpu_us_total": s.cpu_us_total}
+                  "cpu_us_total": s.cpu_us_total, "modelled_ms": s.modelled_ms}
         # the counts behind the rates travel too, so that several ranks or replicas add up exactly
         return {**counts, **rates(counts), "gate_errors": s.gate_errors,
                 "recorded_dropped": getattr(self.recorder, "num_dropped", 0),
