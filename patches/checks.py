@@ -62,9 +62,8 @@ def check_server_args(server_args, config: HVDServingConfig | None = None) -> No
         raise UnsupportedSetup("HVD replaces draft rows but not their draft probabilities: drop "
                                "--speculative-use-rejection-sampling")
     if getattr(server_args, "speculative_adaptive", False):
-        raise UnsupportedSetup("HVD's gate is trained for one verify shape, "
-                               "but --speculative-adaptive changes the steps and "
-                               "draft tokens at run time: drop --speculative-adaptive")
+        raise UnsupportedSetup("SGLang's adaptive rule would switch the verify shape behind HVD's decision: drop "
+                               "--speculative-adaptive (--hvd-profile P makes HVD pick the verify tier each step)")
     config = HVDServingConfig.from_env() if config is None else config
     if (config.profile is not None or config.tier_cycle) and getattr(server_args, "enable_dp_attention", False):
         raise UnsupportedSetup("HVD's verify tiers switch per step, and attention-DP ranks run their forwards "

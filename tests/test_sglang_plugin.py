@@ -64,15 +64,18 @@ def test_plugin_is_found_through_the_entry_point_in_a_spawned_child(demo_dir, en
     (["--pp-size", "2"], "does not support pipeline parallelism"),
     (["--speculative-use-rejection-sampling"], "drop --speculative-use-rejection-sampling"),
     (["--speculative-adaptive"], "drop --speculative-adaptive"),
+    (["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"], "drop --enable-dp-attention, or --hvd-profile"),
     (["--speculative-eagle-topk", "8", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "66"],
      "--speculative-num-draft-tokens 66: HVD's tree rows hold at most 63 draft nodes"),
 ])
 def test_unsupported_setups_are_refused(extra, message):
     from sglang_hvd.patches.checks import UnsupportedSetup, check_server_args
+    from sglang_hvd.serving.config import HVDServingConfig
 
-    check_server_args(_server_args())  # the supported setup passes
+    tiered = HVDServingConfig(enable=True, gate="/g", profile="qwen3-8b-h200")
+    check_server_args(_server_args(), tiered)  # the supported setup passes
     with pytest.raises(UnsupportedSetup, match=message):
-        check_server_args(_server_args(extra))
+        check_server_args(_server_args(extra), tiered)
     from sglang.srt.server_args import prepare_server_args
 
     overlap = prepare_server_args(BASE_ARGS[:-1])
@@ -137,6 +140,23 @@ def test_launcher_splits_and_validates_arguments(demo_dir, capsys):
     assert ("HVD needs the verify shape its gate was trained for: pass --speculative-num-steps"
             in capsys.readouterr().err)
     # A refused launch leaves the caller's environment alone (no HVD switched on for later servers).
+    assert not any(k.startswith("SGLANG_HVD_") for k in os.environ)
+
+
+def test_launcher_refuses_a_profile_of_another_model_and_a_tier_it_cannot_serve(demo_dir, capsys):
+    from sglang_hvd.patches import launch as launch_server
+
+    gate = ["--hvd-gate", os.path.join(demo_dir, "gate")]
+    base = ["--speculative-algorithm", "EAGLE3", "--disable-overlap-schedule", *TREE_SHAPE, *gate]
+    assert launch_server.main(["--model-path", "/models/llama-3-8b", *base, "--hvd-profile", "qwen3-8b-h200"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sglang_hvd.launch_server: error: --hvd-profile qwen3-8b-h200 times Qwen/Qwen3-8B")
+    assert "but this server serves /models/llama-3-8b: measure a profile for it" in err and err.count("\n") == 1
+    assert launch_server.main(["--model-path", "/models/Qwen3-8B", *base, "--hvd-profile", "qwen3-8b-h200",
+                               "--hvd-tiers", "off,1-3-4"]) == 2
+    assert "--hvd-tiers: tier 1-3-4: topk 1, but the server drafts at topk 4" in capsys.readouterr().err
+    assert launch_server.main(["--model-path", "/models/Qwen3-8B", *base, "--hvd-profile", "/no/profile.json"]) == 2
+    assert "/no/profile.json: no such profile file, and not a shipped estimate" in capsys.readouterr().err
     assert not any(k.startswith("SGLANG_HVD_") for k in os.environ)
 
 

@@ -29,6 +29,13 @@ Modes:
                when the cache draft's score >= C; C: --rule-score, default the gate's
                calibrated rule_threshold); rows built as the gate's would be
   hvd          HVD with the gate's own decision rule
+  hvd_cost     cost-aware HVD (--hvd-profile): each step's tier (off, or a narrower shape of
+               the gate's, with or without EAGLE3's draft) picked under --profile (a copy
+               naming the oracle target as its model, so the server accepts it); the
+               engine's modelled time (the stepper's, per step under that profile) is
+               compared with fleet replay's
+  eagle3_adaptive  SGLang's own adaptive EAGLE3 (--speculative-adaptive, topk 1 only);
+               replay models its rule (sglang_hvd/replay/adaptive.py)
 
 With ``--replicas R`` (R > 1) each mode runs R servers behind sglang-router
 (``--router-policy``); the engine figures are the fleet's, replay's stay one server's.
@@ -60,12 +67,14 @@ import time
 
 from sglang_hvd.cli.common import FILE, FOLDER, check_output, non_negative_int, positive_int
 from sglang_hvd.cli.options import add_verify_flags, verify_model_from_flags
+from sglang_hvd.cost_rule import CostRule
 from sglang_hvd.drafter import create_drafter
 from sglang_hvd.drafter.protocol import DrafterConfig
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.gate import Gate
 from sglang_hvd.harness import server as harness
 from sglang_hvd.harness.trace_oracle import ORACLE_ARGS, ORACLE_ENV, calibrated_draft_model, write_oracle_models
+from sglang_hvd.replay.adaptive import AdaptiveEagle3Planner
 from sglang_hvd.replay.fleet import conversations_of, serve_fleet
 from sglang_hvd.replay.metrics import SourceTally, overall
 from sglang_hvd.replay.policies import Eagle3OnlyPolicy, GatePolicy, GreedyPolicy
@@ -73,12 +82,14 @@ from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.scorer import ScoreRule
 from sglang_hvd.serving.status import fleet_status
 from sglang_hvd.serving.stepper import HVDStepper
+from sglang_hvd.step_profile import DEFAULT_PROFILE, ESTIMATES, StepProfile, load_profile
+from sglang_hvd.tiers import served_tiers
 from sglang_hvd.trace import iter_traces
 from sglang_hvd.verify import TOPK1_SHAPE, VerifyModel
 
 PROG = "engine_eval"
-MODES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd")
-GATED = ("cache_only", "rule", "hvd")
+MODES = ("greedy", "eagle3_only", "eagle3_adaptive", "cache_only", "rule", "hvd", "hvd_cost")
+GATED = ("cache_only", "rule", "hvd", "hvd_cost")
 KV_TOKENS_PER_SLOT_MARGIN = 1.25
 # Without --gate: a 3-token chain (what --verify-* flags left unset take).
 DEFAULT_MODEL = VerifyModel(TOPK1_SHAPE)
@@ -100,6 +111,7 @@ class Settings:
     model: VerifyModel
     drafter_config: DrafterConfig
     rule_score: float | None
+    profile: StepProfile
     sources: frozenset[str] | None
     limit_conversations: int | None
     concurrency: int
@@ -120,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "its verify shape, EAGLE3 curve and drafter settings are the run's")
     p.add_argument("--rule-score", type=float, metavar="C", help="the rule mode's minimum cache draft score "
                    "(default: the gate's calibrated rule_threshold)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, metavar="P",
+                   help="the step-time profile of hvd_cost's decision and modelled time: a shipped estimate "
+                        f"({', '.join(ESTIMATES)}) or a file from `hvd profile` (default: %(default)s)")
     p.add_argument("--limit-conversations", type=positive_int, metavar="N",
                    help="the first N conversations of each source")
     p.add_argument("--sources", metavar="S1,S2", help="only these sources (default: all)")
@@ -196,13 +211,21 @@ def resolve(a: argparse.Namespace) -> Settings:
     """Every check that needs no server, before any work (HvdInputError names the flag)."""
     modes = parse_modes(a.modes)
     if any(m in GATED for m in modes) and not a.gate:
-        raise HvdInputError("--modes cache_only, rule and hvd need --gate GATE_DIR (a folder written by `hvd train`)")
+        raise HvdInputError("--modes cache_only, rule, hvd and hvd_cost need --gate GATE_DIR (a folder written by "
+                            "`hvd train`)")
     if a.replicas > 1 and importlib.util.find_spec("sglang_router") is None:
         raise HvdInputError("--replicas > 1 needs sglang-router: pip install '.[router]' (from the checkout)")
     traces = tuple(readable_file(t, "") for t in a.traces)
     gate_dir, gate = load_gate(a.gate) if a.gate else (None, None)
     model, drafter_config = verify_settings(a, gate)
     rule_score = rule_score_of(a, gate, modes)
+    if "eagle3_adaptive" in modes and model.shape.topk != 1:
+        raise HvdInputError(f"--modes eagle3_adaptive: SGLang's --speculative-adaptive drafts chains only (topk 1), "
+                            f"but the run's shape is {model.shape.describe()}")
+    try:
+        profile = load_profile(a.profile)
+    except HvdInputError as e:
+        raise HvdInputError(f"--profile {e}") from None
     work_dir = json_path = None
     if a.work_dir:
         check_output(a.work_dir, FOLDER, "--work-dir")
@@ -215,7 +238,7 @@ def resolve(a: argparse.Namespace) -> Settings:
         raise HvdInputError(f"the engine needs the sglang extra ({reason}): run with .venv-sglang/bin/python after "
                             "`bash tests/run --sglang --co -q`")
     return Settings(traces=traces, modes=modes, gate_dir=gate_dir, gate=gate, model=model,
-                    drafter_config=drafter_config, rule_score=rule_score,
+                    drafter_config=drafter_config, rule_score=rule_score, profile=profile,
                     sources=frozenset(s.strip() for s in a.sources.split(",")) if a.sources else None,
                     limit_conversations=a.limit_conversations, concurrency=a.concurrency, replicas=a.replicas,
                     router_policy=a.router_policy, draft_seed=a.draft_seed, work_dir=work_dir, json_path=json_path)
@@ -284,6 +307,7 @@ def settings_json(s: Settings, oracle: Oracle) -> dict:
             "limit_conversations": s.limit_conversations, "replicas": s.replicas,
             "router_policy": s.router_policy if s.replicas > 1 else None,
             "rule_score": s.rule_score if "rule" in s.modes else None,
+            "profile": s.profile.describe() if "hvd_cost" in s.modes else None,
             "draft_error_model": oracle.draft_model.to_json(), "conversations": len(oracle.convs),
             "requests": len(oracle.served), "dropped_requests": sorted(oracle.dropped)}
 
@@ -291,8 +315,17 @@ def settings_json(s: Settings, oracle: Oracle) -> dict:
 # ---------------------------------------------------------------------------- the engine
 
 
+def oracle_profile(profile: StepProfile, models, work: str) -> str:
+    """``profile`` written for the oracle target (a server refuses a profile of another
+    model; the oracle stands in for the recorded one): its path."""
+    path = os.path.join(work, "profile.json")
+    dataclasses.replace(profile, target_model=models.target,
+                        note=f"{profile.note} (engine_eval: for the trace oracle {models.target})").write(path)
+    return path
+
+
 def server_args(mode: str, models, shape, gate_dir: str | None, concurrency: int,
-                rule_score: float | None = None) -> tuple[list, dict, str]:
+                rule_score: float | None = None, profile_path: str | None = None) -> tuple[list, dict, str]:
     base = list(harness.BASE_ARGS)
     for flag in ("--max-total-tokens", "--max-running-requests"):
         i = base.index(flag)
@@ -310,13 +343,18 @@ def server_args(mode: str, models, shape, gate_dir: str | None, concurrency: int
             args += ["--hvd-threshold=-inf"]
         if mode == "rule":
             args += [f"--hvd-score-rule={rule_score!r}"]
+        if mode == "hvd_cost":
+            args += ["--hvd-profile", profile_path]
         launcher = "sglang_hvd.launch_server"
+    if mode == "eagle3_adaptive":
+        args += ["--speculative-adaptive"]
     return args, env, launcher
 
 
 def start_servers(s: Settings, mode: str, models, work: str):
     """(the server to send to, the replicas): one server, or R behind sglang-router."""
-    args, env, launcher = server_args(mode, models, s.model.shape, s.gate_dir, s.concurrency, s.rule_score)
+    profile = oracle_profile(s.profile, models, work) if mode == "hvd_cost" else None
+    args, env, launcher = server_args(mode, models, s.model.shape, s.gate_dir, s.concurrency, s.rule_score, profile)
     replicas = []
     try:
         for _ in range(s.replicas):
@@ -419,13 +457,22 @@ def policy_figures(result, policy: str) -> dict:
 
 
 def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_config, concurrency: int,
-           rule_score: float | None = None) -> dict:
+           rule_score: float | None = None, profile: StepProfile | None = None) -> dict:
     """Replay's prediction for the served order: fleet replay (the serving stepper, the
     same conversations ``concurrency`` at a time; cache_only is the served decision at
     threshold -inf, rule the score rule in the gate's place, eagle3_only the stepper
-    without a gate) and, for reference,
-    sequential replay (every request after the one before)."""
+    without a gate, hvd_cost the stepper with the server's cost rule, timed by its profile,
+    eagle3_adaptive SGLang's rule) and, for reference, sequential replay (every request
+    after the one before; not for the modes that decide per batch)."""
     records = [r for turns in convs for r in turns]
+    if mode == "eagle3_adaptive":
+        fleet = serve_fleet(convs, AdaptiveEagle3Planner(model.shape.steps), model, concurrency, policy=mode)
+        return {"fleet": fleet.to_json(mode), "sequential": None}
+    if mode == "hvd_cost":
+        rule = CostRule(profile, model.eagle3, served_tiers(None, model.shape))
+        stepper = HVDStepper(create_drafter("native", drafter_config), gate, model.shape, step=rule)
+        fleet = serve_fleet(convs, stepper, model, concurrency, policy=mode, profile=profile)
+        return {"fleet": fleet.to_json(mode), "sequential": None, "modes": dict(stepper.stats.modes)}
     if mode == "greedy":
         result = simulate(records, create_drafter("native", drafter_config), [GreedyPolicy()], model,
                           prefill_first=True)
@@ -458,17 +505,36 @@ def run_mode(s: Settings, mode: str, oracle: Oracle, work: str) -> dict:
         for x in {id(x): x for x in [server, *replicas]}.values():
             x.stop()
     engine, mismatches = engine_tallies(served, results, mode)
-    predicted = replay(oracle.convs, mode, s.gate, s.model, s.drafter_config, s.concurrency, s.rule_score)
-    fleet, sequential = predicted["fleet"], predicted["sequential"]
-    return {
+    predicted = replay(oracle.convs, mode, s.gate, s.model, s.drafter_config, s.concurrency, s.rule_score,
+                       s.profile)
+    fleet, sequential = predicted["fleet"], predicted["sequential"] or {}
+    hvd = server_state(infos)
+    report = {
         "engine": engine["overall"], "replay": {"cycles_per_1k": fleet["overall"]["cycles_per_1k"],
-                                                "sequential_cycles_per_1k": sequential["overall"]["cycles_per_1k"]},
+                                                "sequential_cycles_per_1k": sequential.get("overall", {}).get(
+                                                    "cycles_per_1k")},
         "ratio": engine["overall"]["cycles_per_1k"] / max(fleet["overall"]["cycles_per_1k"], 1e-9),
         "lossless": not mismatches, "mismatches": mismatches[:20], "num_mismatches": len(mismatches),
-        "sources": {src: {"engine": engine[src], "replay": fleet[src], "replay_sequential": sequential[src]}
+        "sources": {src: {"engine": engine[src], "replay": fleet[src], "replay_sequential": sequential.get(src)}
                     for src in engine if src != "overall"},
-        "server_hvd": server_state(infos), "seconds": time.time() - started,
+        "server_hvd": hvd, "seconds": time.time() - started,
     }
+    if mode == "hvd_cost":
+        report["time"] = modelled_time(hvd or {}, fleet["overall"], engine["overall"]["tokens"], predicted["modes"])
+    return report
+
+
+def modelled_time(hvd: dict, fleet: dict, engine_tokens: int, replay_modes: dict) -> dict:
+    """The engine's modelled decode time (its stepper's, step by step under the profile)
+    beside fleet replay's, per 1,000 output tokens, and the tiers each ran."""
+    engine_ms = float(hvd.get("modelled_ms", 0.0))
+    engine_per_1k = 1000.0 * engine_ms / max(engine_tokens, 1)
+    replay_per_1k = float(fleet.get("time_per_1k", 0.0))
+    return {"engine_time_per_1k": engine_per_1k, "replay_time_per_1k": replay_per_1k,
+            "ratio": engine_per_1k / replay_per_1k if replay_per_1k else math.nan,
+            "engine_tokens_per_s": 1000.0 * engine_tokens / engine_ms if engine_ms else math.nan,
+            "replay_tokens_per_s": fleet.get("tokens_per_s"), "engine_modes": hvd.get("modes", {}),
+            "replay_modes": replay_modes}
 
 
 def print_table(report: dict) -> None:
@@ -479,6 +545,11 @@ def print_table(report: dict) -> None:
             e, r = v["engine"]["cycles_per_1k"], v["replay"]["cycles_per_1k"]
             print(f"{mode:<12} {src:<12} {e:>11.1f} {r:>11.1f} {e / max(r, 1e-9):>6.3f}  "
                   f"{'yes' if m['lossless'] else 'NO (%d)' % m['num_mismatches']}")
+        if "time" in m:
+            t = m["time"]
+            print(f"{mode:<12} {'time/1k ms':<12} {t['engine_time_per_1k']:>11.1f} {t['replay_time_per_1k']:>11.1f} "
+                  f"{t['ratio']:>6.3f}  (modelled under the profile: engine tiers {t['engine_modes']}, replay tiers "
+                  f"{t['replay_modes']})")
 
 
 def run(s: Settings) -> int:

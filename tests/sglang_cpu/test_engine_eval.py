@@ -1,9 +1,10 @@
 """Engine-in-the-loop evaluation (launch/bench/engine_eval.py) end to end: real SGLang
 servers whose target is the trace oracle serve the first recorded conversation of
-tau-bench and of SWE-agent (../shared/data), in three modes (EAGLE3 alone, the score
-rule served in the gate's place, the gate). Every output must equal its
-recording token for token, and the served cycles per 1,000 tokens must agree with
-replay's prediction for the same records, settings and order."""
+tau-bench and of SWE-agent (../shared/data), in five modes (EAGLE3 alone, SGLang's
+adaptive EAGLE3, the score rule served in the gate's place, the gate, cost-aware HVD
+under the shipped H200 estimate). Every output must equal its recording token for token,
+the served cycles per 1,000 tokens must agree with replay's prediction for the same
+records, settings and order, and cost-aware HVD's modelled time with replay's."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     here.mkdir()
     rel = lambda path: os.path.relpath(path, here)  # noqa: E731
     done = subprocess.run([harness.SGLANG_PYTHON, os.path.join(REPO, "launch", "bench", "engine_eval.py"),
-                           rel(dev_traces), "--modes", "eagle3_only,rule,hvd", "--gate", rel(qwen_gates(1, 3, 4)),
+                           rel(dev_traces), "--modes", "eagle3_only,eagle3_adaptive,rule,hvd,hvd_cost", "--gate", rel(qwen_gates(1, 3, 4)),
                            "--concurrency", "2", "--work-dir", "../work", "--json", "../engine.json"],
                           capture_output=True, text=True, cwd=here, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -63,7 +64,7 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     assert report["settings"]["dropped_requests"] == []
     assert report["settings"]["requests"] == len(records)
     tokens = sum(len(r.output_ids) for r in records)
-    for mode in ("eagle3_only", "rule", "hvd"):
+    for mode in ("eagle3_only", "eagle3_adaptive", "rule", "hvd", "hvd_cost"):
         m = report["modes"][mode]
         assert m["lossless"] and m["num_mismatches"] == 0, m["mismatches"]
         assert m["engine"]["requests"] == len(records) and m["engine"]["tokens"] == tokens
@@ -76,3 +77,10 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     rule = report["modes"]["rule"]["server_hvd"]
     assert rule["decision"] == f"score >= {report['settings']['rule_score']:g}" and rule["cache_pick_rate"] > 0
     assert "engine c/1k" in done.stdout
+    # cost-aware HVD: the engine's modelled time (its stepper's, per step) is replay's
+    cost = report["modes"]["hvd_cost"]
+    assert report["settings"]["profile"].startswith("qwen3-8b-h200 (estimate")
+    assert cost["server_hvd"]["tier_rule"] == "cost" and cost["server_hvd"]["tiers"] == ["off", "1-1-2", "1-3-4"]
+    assert 0.97 < cost["time"]["ratio"] < 1.03, cost["time"]
+    assert sum(cost["time"]["engine_modes"].values()) == cost["server_hvd"]["steps"]
+    assert "time/1k ms" in done.stdout
