@@ -14,6 +14,10 @@
 # More GPUs: TP=2 (tensor parallelism: rank 0 decides, every rank verifies its rows) and/or
 # DP=2 (data parallelism: each rank its own HVD worker and cache; RECORD=t.jsonl then writes
 # t.dp0.jsonl, t.dp1.jsonl). Both ran on the CPU test harness only, never on GPUs.
+# PROFILE: cost-aware verification, each step's verify tier (off, 4-1-2, 4-1-4, 4-2-8, 4-3-16,
+# with or without EAGLE3's draft) picked under a step-time profile: qwen3-8b-h200 (the default,
+# a roofline estimate), qwen3-8b-h100, or a file measured with `hvd profile`; PROFILE= (empty)
+# serves the static shape (docs/serving.md: "Cost-aware verification").
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-8B}
 DRAFT=${DRAFT:-Tengyunw/qwen3_8b_eagle3}
@@ -22,10 +26,11 @@ TOPK=${TOPK:-4}
 STEPS=${STEPS:-3}
 NODES=${NODES:-16}
 ATTENTION=${ATTENTION:-flashinfer}
+PROFILE=${PROFILE-qwen3-8b-h200}
 : "${GATE:?set GATE to a gate directory (hvd train -o GATE ...)}"
 exec python -m sglang_hvd.launch_server \
   --model-path "$MODEL" --port "$PORT" --attention-backend "$ATTENTION" \
   --speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFT" \
   --speculative-eagle-topk "$TOPK" --speculative-num-steps "$STEPS" --speculative-num-draft-tokens "$NODES" \
   --disable-overlap-schedule --tp-size "${TP:-1}" --dp-size "${DP:-1}" \
-  --hvd-gate "$GATE" ${RECORD:+--hvd-record-traces "$RECORD"} "$@"
+  --hvd-gate "$GATE" ${PROFILE:+--hvd-profile "$PROFILE"} ${RECORD:+--hvd-record-traces "$RECORD"} "$@"

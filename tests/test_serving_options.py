@@ -67,7 +67,7 @@ def test_flags_round_trip_through_the_environment_into_the_config():
                    "SGLANG_HVD_EAGLE_RESERVE": "3", "SGLANG_HVD_CACHE_SIBLINGS": "0", "SGLANG_HVD_DRAFTER": "python",
                    "SGLANG_HVD_RECORD_TRACES": "/t.jsonl", "SGLANG_HVD_RECORD_QUEUE": "7",
                    "SGLANG_HVD_ALLOW_SGLANG_VERSION": "0.6.0", "SGLANG_HVD_MAX_DEPTH": "32",
-                   "SGLANG_HVD_MIN_TOKEN_PROB": "0.25", "SGLANG_HVD_MAX_SCAN": "99"}
+                   "SGLANG_HVD_MIN_TOKEN_PROB": "0.25", "SGLANG_HVD_MAX_SCAN": "99", "SGLANG_HVD_TIER_CYCLE": "0"}
     back = HVDServingConfig.from_env(env)
     assert back == cfg
     # drafter settings in DrafterConfig's field order, each of its field's type
