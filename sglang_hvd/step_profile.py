@@ -1,10 +1,10 @@
 """Step-time profile: what one decode step costs, in milliseconds, by batch, row width and
 context. One typed, versioned JSON record (``profile.json``).
 
-Three terms, each a small roofline-shaped formula whose constants are fitted to
-measurements (``fit_*``; a measuring ``hvd profile`` command is planned, not built
-yet) or, for the shipped estimates, derived from a model's size and a GPU's bandwidth
-and throughput:
+Four terms, each a small roofline-shaped formula whose constants are fitted to
+measurements (``fit_*``: ``hvd profile`` against a server's timed steps, and the server's
+own online refit, serving/step_timing.py) or, for the shipped estimates, derived from a
+model's size and a GPU's bandwidth and throughput:
 
   verify(B, N, C)   one target forward over B rows of N tokens (N = 1: a plain decode
                     step) with C context tokens in all rows together:
