@@ -91,7 +91,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_clock = self._hvd_timings = self._hvd_refiner = None
         if self.hvd is not None:
             rule = self.hvd.step
-            if isinstance(rule, CostRule) and not self.hvd_config.tier_cycle:
+            if isinstance(rule, CostRule) and not self.hvd_config.tier_cycle and self.hvd_config.profile_refit:
                 self._hvd_refiner = ProfileRefiner(rule.profile)
             if self.hvd_config.timings:
                 path = rank_path(self.hvd_config.timings, self._hvd_dp_rank)
@@ -326,8 +326,9 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                     "verify_shape": self.hvd_shape.describe(), "modes": dict(self.hvd.stats.modes),
                     "mode_names": modes_text(self.hvd.step)}
             step = self.hvd.step
-            if isinstance(step, CostRule):
-                gate.update(profile=step.profile.name, profile_kind=step.profile.kind)
+            if isinstance(step, CostRule):  # the profile and the EAGLE3 curve the decision values tiers by
+                gate.update(profile=step.profile.name, profile_kind=step.profile.kind,
+                            eagle3_curve=step.eagle3_curve.text())
             if self._hvd_refiner is not None:  # the profile in use and its error on the newest steps
                 gate.update(self._hvd_refiner.summary())
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,

@@ -66,7 +66,7 @@ def test_a_served_shape_s_ladder_halves_its_width_at_its_own_topk():
 
 
 def test_a_server_verifies_tiers_of_its_topk_no_wider_than_its_shape():
-    from sglang_hvd.tiers import serving_problem, served_tiers
+    from sglang_hvd.tiers import served_tiers, serving_problem
 
     served = VerifyShape(4, 3, 16)
     assert serving_problem(Tier(), served) is None

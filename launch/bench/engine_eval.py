@@ -343,8 +343,8 @@ def server_args(mode: str, models, shape, gate_dir: str | None, concurrency: int
             args += ["--hvd-threshold=-inf"]
         if mode == "rule":
             args += [f"--hvd-score-rule={rule_score!r}"]
-        if mode == "hvd_cost":
-            args += ["--hvd-profile", profile_path]
+        if mode == "hvd_cost":  # the profile as replay has it: no online refit from the CPU's step times
+            args += ["--hvd-profile", profile_path, "--hvd-no-profile-refit"]
         launcher = "sglang_hvd.launch_server"
     if mode == "eagle3_adaptive":
         args += ["--speculative-adaptive"]

@@ -65,6 +65,9 @@ class HVDServingConfig:
         None, "the verify tiers a cost-aware server picks among, e.g. off,4-1-4,4-2-8,4-3-16 (off: no speculation; "
               "TOPK-STEPS-NODES: the served topk, no wider than the served shape, which is always added)",
         metavar="T,...", default_text="off and the served shape's halved widths (4-3-16: off,4-1-2,4-1-4,4-2-8,4-3-16)")
+    profile_refit: bool = option(
+        True, "keep serving --hvd-profile as given: no online refit from the steps the server times (e.g. to "
+              "compare with replay under the same profile)", flag="--hvd-no-profile-refit", launcher_default=True)
     tier_cycle: bool = option(
         False, "diagnostic: step through every tier, with and without EAGLE3's draft, one decode step each, "
                "ignoring the profile (checks that a deployment serves every tier losslessly; slow)",

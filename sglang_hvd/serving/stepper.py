@@ -28,6 +28,7 @@ from ..scorer import ServedScorer
 from ..step_profile import EXTEND_EVERY_STEP, HOST_HVD
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
+from .eagle3_yield import Eagle3Yield
 from .status import rates
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,9 @@ class StepStats:
     modelled_ms: float = 0.0  # the steps' time under a cost rule's profile (0 without one)
 
 
+EAGLE3_REFRESH_STEPS = 256
+
+
 class HVDStepper:
     host = HOST_HVD  # the host work of a step (step_profile): drafts, features, gate, row trees
     extend = EXTEND_EVERY_STEP  # the server's EAGLE3 draft extend runs every decode step (SGLang's rule)
@@ -109,6 +113,11 @@ class HVDStepper:
         self.stats = StepStats()
         self._gate_error_logged = False
         self.cycle: tuple[StepMode, ...] = ()  # the tier-cycle diagnostic: these modes in turn, one per step
+        # a cost rule values EAGLE3 rows by the curve the verifies show (eagle3_yield.py), refreshed every
+        # EAGLE3_REFRESH_STEPS steps
+        self.eagle3_yield = Eagle3Yield(step.eagle3_curve) if isinstance(step, CostRule) else None
+        # modelled_ms times every step by the cost rule's profile as given (not by an online refit of it)
+        self.time_profile = step.profile if isinstance(step, CostRule) else None
 
     @property
     def threshold(self) -> float:
@@ -180,6 +189,8 @@ class HVDStepper:
         """Cache drafts for the batch and the row plan of each row (decision.decide)."""
         start = time.perf_counter()
         self._flush_appends()
+        if self.eagle3_yield is not None and self.stats.steps % EAGLE3_REFRESH_STEPS == EAGLE3_REFRESH_STEPS - 1:
+            self._refresh_eagle3()
         states = [self._reqs[r] for r in rids]
         arrays = self.drafter.speculate_arrays(rids)
 
@@ -187,15 +198,17 @@ class HVDStepper:
             return self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
 
         step = self.cycle[self.stats.steps % len(self.cycle)] if self.cycle else self.step
-        context = sum(len(s.prompt) + len(s.output) for s in states) if isinstance(step, CostRule) else 0
+        timed = isinstance(step, CostRule) or self.time_profile is not None
+        context = sum(len(s.prompt) + len(s.output) for s in states) if timed else 0
         plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees,
                        step=step, context_tokens=context)
         if plans.tier is not None:
             name = StepMode(plans.tier, plans.eagle3).name  # what the step ran
             self.stats.modes[name] = self.stats.modes.get(name, 0) + 1
-            if isinstance(step, CostRule):  # the step's time under the profile it was chosen by (as fleet replay's)
-                self.stats.modelled_ms += step.profile.step_ms(plans.tier, len(rids), context, eagle3=plans.eagle3,
-                                                               host=self.host, extend=self.extend)
+            if self.time_profile is not None:  # the step's time under the profile given (as fleet replay's)
+                self.stats.modelled_ms += self.time_profile.step_ms(plans.tier, len(rids), context,
+                                                                    eagle3=plans.eagle3, host=self.host,
+                                                                    extend=self.extend)
         if plans.gate_error is not None:
             self.stats.gate_errors += 1
             if not self._gate_error_logged:
@@ -209,6 +222,14 @@ class HVDStepper:
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
         self.stats.steps += 1
         return plans
+
+    def _refresh_eagle3(self) -> None:
+        """The cost rule's EAGLE3 curve, from the EAGLE3 rows verified so far."""
+        if isinstance(self.step, CostRule) and self.eagle3_yield.version:
+            self.eagle3_yield.version = 0
+            curve = self.eagle3_yield.curve()
+            if curve != self.step.eagle3_curve:
+                self.step = dataclasses.replace(self.step, eagle3_curve=curve)
 
     def verified(self, rids: Sequence[str], accept_lens: Sequence[int], eagle3_rows: np.ndarray | None = None) -> None:
         """Accepted draft tokens per row (bonus excluded) of the step just verified.
@@ -247,6 +268,8 @@ class HVDStepper:
         if not cache:
             stats.eagle3_rows += 1
             stats.eagle3_accepted += a
+            if self.eagle3_yield is not None:
+                self.eagle3_yield.observe(v.step.eagle_nodes[v.row], a + 1)
             if record:
                 # topk 1: the EAGLE3 chain; a tree: the path the verify accepted.
                 draft = v.eagle_row or tuple(st.output[v.pos : v.pos + a])

@@ -55,7 +55,8 @@ def test_served_recordings_are_lossless_and_match_replay(dev_traces, qwen_gates,
     here.mkdir()
     rel = lambda path: os.path.relpath(path, here)  # noqa: E731
     done = subprocess.run([harness.SGLANG_PYTHON, os.path.join(REPO, "launch", "bench", "engine_eval.py"),
-                           rel(dev_traces), "--modes", "eagle3_only,eagle3_adaptive,rule,hvd,hvd_cost", "--gate", rel(qwen_gates(1, 3, 4)),
+                           rel(dev_traces), "--modes", "eagle3_only,eagle3_adaptive,rule,hvd,hvd_cost",
+                           "--gate", rel(qwen_gates(1, 3, 4)),
                            "--concurrency", "2", "--work-dir", "../work", "--json", "../engine.json"],
                           capture_output=True, text=True, cwd=here, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
