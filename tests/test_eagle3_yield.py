@@ -46,7 +46,7 @@ def test_a_cost_aware_stepper_values_eagle3_by_what_its_verifies_show(demo_dir):
 
     gate = Gate(os.path.join(demo_dir, "gate"))
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:60]
-    cfg = HVDServingConfig(enable=True, gate=os.path.join(demo_dir, "gate"), profile="qwen3-8b-h200", drafter="python")
+    cfg = HVDServingConfig(enable=True, gate=os.path.join(demo_dir, "gate"), profile="qwen3-8b-h200")
     stepper = build_stepper(cfg, gate.verify_model.shape)
     stepper.eagle3_yield.min_rows = 20
     serve_fleet([[r] for r in records], stepper, gate.verify_model, 4)

@@ -411,7 +411,7 @@ def test_a_stepper_cycling_through_every_tier_serves_losslessly_and_records_no_p
     from sglang_hvd.serving.factory import build_stepper
 
     records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:30]
-    cfg = HVDServingConfig(enable=True, gate=os.path.join(demo_dir, "gate"), tier_cycle=True, drafter="python",
+    cfg = HVDServingConfig(enable=True, gate=os.path.join(demo_dir, "gate"), tier_cycle=True,
                            record_traces=str(tmp_path / "served.jsonl"))
     stepper = build_stepper(cfg, demo_gate.verify_model.shape)
     emitted = serve(records, stepper, demo_gate.verify_model)
