@@ -41,6 +41,7 @@ import time
 
 from sglang_hvd.cli import profile as hvd_profile
 from sglang_hvd.cli.common import FILE, FOLDER, check_output, int_in, int_list_in
+from sglang_hvd.cli.options import eagle3_curve_text
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.gate import Gate
 from sglang_hvd.harness import server as harness
@@ -54,6 +55,8 @@ PROG = "bench_tiers"
 CONFIGS = ("greedy", "adaptive", "hvd_blind", "hvd_cost")
 HVD_CONFIGS = ("hvd_blind", "hvd_cost")
 ROUNDS = 2
+HVD_FIGURES = ("steps", "cache_pick_rate", "cache_mean_accept", "eagle3_mean_accept", "drafts_skipped",
+               "cpu_us_per_step", "profile_error_verify", "profile_error_step")
 
 
 def log(msg: str) -> None:
@@ -82,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hvd profile's tokens per request (default: %(default)s)")
     p.add_argument("--gate", metavar="GATE_DIR", help="a 1-3-4 gate for the Qwen3 tokenizer (default: trained in "
                                                       "--work-dir from the synthetic workload, ~1 min)")
+    p.add_argument("--eagle3-curve", type=eagle3_curve_text, metavar="NODES:TOKENS,...",
+                   help="train the gate with this EAGLE3 curve (hvd train --eagle3-curve; the cost rule weighs "
+                        "EAGLE3's draft by it), e.g. the tiny draft's measured 1:1.0,3:1.0 (default: hvd train's, "
+                        "a real EAGLE3's; not with --gate)")
     p.add_argument("--seed", type=int_in(0, 2**31 - 1), default=0, metavar="S",
                    help="seed of the requests (default: %(default)s)")
     p.add_argument("--work-dir", metavar="DIR", help="models, gate, profile, timings and server logs "
@@ -102,6 +109,9 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
         c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= max(max(a.batch), 4))
     if len(a.profile_concurrency) < 3:
         raise HvdInputError("--profile-concurrency: name at least 3 levels (the verify fit needs 3 batch sizes)")
+    if a.gate and a.eagle3_curve:
+        raise HvdInputError("--eagle3-curve trains the gate here: drop --gate, or train yours with hvd train "
+                            "--eagle3-curve")
     if a.gate:
         a.gate = os.path.abspath(a.gate)
         try:
@@ -194,8 +204,10 @@ def serve(server, requests: list[dict], batch: int) -> dict:
         answers = server.generate_many(requests, max_workers=batch)
         wall = time.perf_counter() - t0
         tokens = sum(len(x["output_ids"]) for x in answers)
+        # decode steps that verified drafts (SGLang's spec_verify_ct; 0 without speculation)
+        verifies = sum((x.get("meta_info") or {}).get("spec_verify_ct", 0) for x in answers)
         rounds.append({"outputs": [x["output_ids"] for x in answers], "tokens": tokens, "wall_s": wall,
-                       "tokens_per_s": tokens / wall})
+                       "tokens_per_s": tokens / wall, "verify_steps": verifies})
         log(f"    batch {batch} round {r + 1}: {tokens} tokens in {wall:.1f} s ({tokens / wall:.1f} tokens/s)")
     return {"rounds": rounds, "tokens_per_s": sum(x["tokens"] for x in rounds) / sum(x["wall_s"] for x in rounds)}
 
@@ -222,7 +234,8 @@ def run(a: argparse.Namespace) -> int:
     log(f"work dir {work}")
     target = tiny_models.write_random_target(os.path.join(work, "llama"), "llama", seed=0)
     draft = tiny_models.write_random_draft(os.path.join(work, "llama_draft"), target, seed=1)
-    gate = a.gate or GateFactory(os.path.join(work, "gates"))(1, 3, 4)
+    train = ("--eagle3-curve", a.eagle3_curve) if a.eagle3_curve else ()
+    gate = a.gate or GateFactory(os.path.join(work, "gates"), train)(1, 3, 4)
     log(f"gate {gate} ({time.time() - started:.0f} s)")
 
     profile_report = None
@@ -245,9 +258,7 @@ def run(a: argparse.Namespace) -> int:
                 if config in HVD_CONFIGS:
                     after = hvd_state(server)
                     res["modes"] = mode_delta(before, after)
-                    res["hvd"] = {k: v for k, v in after.items() if k.startswith("profile") or k in (
-                        "steps", "cache_pick_rate", "cache_mean_accept", "eagle3_mean_accept", "drafts_skipped",
-                        "tier_switches", "cpu_us_per_step")}
+                    res["hvd"] = {k: v for k, v in after.items() if k.startswith("profile") or k in HVD_FIGURES}
                 results[config]["batches"][batch] = res
 
     report = summarize(a, results, profile_report, time.time() - started)
@@ -265,7 +276,10 @@ def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -
     rows = []
     for c, res in results.items():
         for b, r in res["batches"].items():
-            rows.append((c, b, *(round(x["tokens_per_s"], 1) for x in r["rounds"]), round(r["tokens_per_s"], 1),
+            verifies = sum(x["verify_steps"] for x in r["rounds"])
+            per_verify = f'{sum(x["tokens"] for x in r["rounds"]) / verifies:.2f}' if verifies else "-"
+            rows.append((c, b, *(f'{x["tokens_per_s"]:.1f}' for x in r["rounds"]), f'{r["tokens_per_s"]:.1f}',
+                         per_verify,
                          "yes" if lossless[c][b] else "NO",
                          ", ".join(f"{m} {n}" for m, n in (r.get("modes") or {}).items()) or "-"))
     if profile_report:
@@ -273,8 +287,14 @@ def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -
                            [(k, f"{100 * v:.1f}%") for k, v in profile_report["held_back_error"].items()],
                            title=f"\n(a) CPU profile: {profile_report['steps']:,} steps in {profile_report['cells']} "
                                  "cells"))
-    print(format_table(("config", "batch", "round 1 tok/s", "round 2 tok/s", "tok/s", "lossless", "decode steps by mode"),
+    print(format_table(("config", "batch", "round 1 tok/s", "round 2 tok/s", "tok/s", "tok/verify", "lossless",
+                        "decode steps by mode"),
                        rows, title=f"\n(b) {a.requests} requests x {a.new_tokens} tokens, {ROUNDS} rounds"))
+    hvd_rows = [(c, b, *(r["hvd"].get(k, "-") for k in HVD_FIGURES)) for c in HVD_CONFIGS if c in results
+                for b, r in results[c]["batches"].items()]
+    if hvd_rows:
+        print(format_table(("config", "after batch", *HVD_FIGURES), hvd_rows,
+                           title="\nHVD's /server_info (server totals after each batch)"))
     ratios = {}
     if "hvd_cost" in results:
         others = [c for c in results if c != "hvd_cost"]
