@@ -23,10 +23,12 @@ class GateTrainingError(RuntimeError):
 
 class GateFactory:
     """``gates(topk, steps, nodes)``: a real gate for the Qwen3 tokenizer and that verify
-    shape (synthetic sessions tokenized with it, trained briefly), made once per factory."""
+    shape (synthetic sessions tokenized with it, trained briefly), made once per factory.
+    ``train_args`` are added to every ``hvd train`` (e.g. ``("--eagle3-curve", "1:1.0,3:1.02")``)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, train_args: tuple[str, ...] = ()):
         self.root = root
+        self.train_args = tuple(train_args)
         self.made: dict[tuple[int, int, int], str] = {}
 
     def __call__(self, topk: int, steps: int, nodes: int) -> str:
@@ -44,7 +46,7 @@ class GateFactory:
             ["import", os.path.join(data, "conversations.jsonl"), "--tokenizer", tok, "-o", traces]]
         commands.append(["train", traces, "--tokenizer", tok, "-o", d, "--epochs", "4",
                          "--verify-topk", str(topk), "--verify-steps", str(steps), "--verify-nodes", str(nodes),
-                         "--gate-thresholds", "0,1,2", "--rule-thresholds", "1"])
+                         "--gate-thresholds", "0,1,2", "--rule-thresholds", "1", *self.train_args])
         for cmd in commands:
             done = subprocess.run([server.SGLANG_PYTHON, "-m", "sglang_hvd.cli.main", *cmd], capture_output=True,
                                   text=True, timeout=900)

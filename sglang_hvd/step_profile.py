@@ -12,8 +12,10 @@ model's size and a GPU's bandwidth and throughput:
                     Below ``knee_tokens`` query tokens the forward is memory-bound (the
                     weights are read once, whatever B * N is), above it compute-bound;
                     attention reads every row's KV once whatever N is.
-  eagle3(B, S, K, C)  EAGLE3's draft forwards for a verify of S steps at topk K:
-                      fixed_ms + S * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C)
+  eagle3(B, S, K, C)  EAGLE3's draft forwards for a verify of S steps at topk K: S - 1 of them
+                    (SGLang's first draft step takes its tokens from the extend's top-k, and
+                    eagle_worker_v2's draft loop stops before the last step's forward):
+                      fixed_ms + (S - 1) * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C)
                     (``fixed_ms``: building the tree from the steps' candidates). A step none
                     of whose rows verifies an EAGLE3 branch skips them.
   extend(B, C)      the draft model's extend after each verify (the accepted tokens through
@@ -85,7 +87,8 @@ class ForwardCost:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DraftCost:
-    """EAGLE3's drafting per verify: fixed_ms + S * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C);
+    """EAGLE3's drafting per verify: fixed_ms + (S - 1) * (per_step_ms + per_token_ms * B * K
+    + per_context_token_ms * C), S - 1 draft forwards for S steps (the first step's tokens come from the extend);
     its extend, every step of a server that holds the draft model: extend_ms + per_token_ms * B
     + per_context_token_ms * C."""
 
@@ -100,8 +103,9 @@ class DraftCost:
                per_context_token_ms=self.per_context_token_ms, extend_ms=self.extend_ms)
 
     def ms(self, batch: int, steps: int, topk: int, context_tokens: float) -> float:
-        return self.fixed_ms + steps * (self.per_step_ms + self.per_token_ms * batch * topk
-                                        + self.per_context_token_ms * context_tokens)
+        forwards = max(steps - 1, 0)
+        return self.fixed_ms + forwards * (self.per_step_ms + self.per_token_ms * batch * topk
+                                           + self.per_context_token_ms * context_tokens)
 
     def extend(self, batch: int, context_tokens: float) -> float:
         return self.extend_ms + self.per_token_ms * batch + self.per_context_token_ms * context_tokens
@@ -307,7 +311,7 @@ def fit_draft(samples: Sequence[DraftSample], extend_ms: float) -> DraftCost:
     extend's measured fixed part (its per-token and context terms are the draft steps')."""
     if len(samples) < 2:
         raise ValueError(f"fitting a draft cost needs >= 2 samples, got {len(samples)}")
-    s = np.array([x.steps for x in samples], dtype=np.float64)
+    s = np.array([max(x.steps - 1, 0) for x in samples], dtype=np.float64)  # draft forwards
     bk = np.array([x.batch * x.topk for x in samples], dtype=np.float64)
     ctx = np.array([x.context_tokens for x in samples], dtype=np.float64)
     y = np.array([x.ms for x in samples], dtype=np.float64)

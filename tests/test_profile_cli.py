@@ -39,6 +39,8 @@ def test_a_cell_is_the_median_of_its_steps():
     cells = cell_medians(steps)
     assert [(c.context_tokens, c.verify_ms) for c in cells] == [(1000, 2.0), (5000, 3.0)]
     assert math.isnan(cells[0].extend_ms) and cells[0].host_ms == 0.5
+    # min_steps 2: the one-step cell (a batch size seen while requests arrive) is left out
+    assert [c.context_tokens for c in cell_medians(steps, min_steps=2)] == [1000]
 
 
 def test_timings_file_lines(tmp_path):

@@ -124,7 +124,8 @@ def test_the_shipped_h200_estimate_is_its_roofline_by_hand():
     # 147,456 bytes of KV per context token at 4 TB/s: 3.6864e-5 ms each, 2,048 tokens = 0.0755 ms
     assert p.verify.ms(1, 1, 2048) == pytest.approx(4.5 + 2048 * 147_456 / 4e12 * 1e3)
     # EAGLE3 at topk 4, 3 steps, B = 1: a 0.1 ms tree build + 3 * (0.3 + 0.7 GB / 4 TB/s + 4 * 0.7 GFLOP / 600 TFLOP/s)
-    assert p.eagle3.ms(1, 3, 4, 0) == pytest.approx(0.1 + 3 * (0.3 + 0.175 + 4 * 0.7 / 600))  # 1.539 ms
+    # 3 steps: 2 draft forwards (the first step's tokens come from the extend)
+    assert p.eagle3.ms(1, 3, 4, 0) == pytest.approx(0.1 + 2 * (0.3 + 0.175 + 4 * 0.7 / 600))  # 1.069 ms
     # its extend, one draft forward over B = 1 token: 0.3 + 0.175 + 0.7 / 600
     assert p.eagle3.extend(1, 0) == pytest.approx(0.3 + 0.175 + 0.7 / 600)
     # the H100's knee: 16.4 GB / 2.8 TB/s over 15.1 GFLOP / 550 TFLOP/s
@@ -134,7 +135,7 @@ def test_the_shipped_h200_estimate_is_its_roofline_by_hand():
 def test_step_ms_adds_the_draft_forwards_and_the_host_work_a_step_pays():
     p = load_profile("qwen3-8b-h200")
     off, tree = Tier(), Tier.parse("4-3-16")
-    eagle3 = 0.1 + 3 * (0.3 + 0.175 + 4 * 0.7 / 600)
+    eagle3 = 0.1 + 2 * (0.3 + 0.175 + 4 * 0.7 / 600)  # 3 steps: 2 draft forwards
     extend = 0.3 + 0.175 + 0.7 / 600
     # off drafts nothing, but a server with EAGLE3's model still extends it (SGLang's rule)
     assert p.step_ms(off, 1, 0, eagle3=True) == pytest.approx(4.5 + extend + 0.15 + 0.03)

@@ -5,8 +5,9 @@ The server runs the ``--hvd-tier-cycle`` diagnostic (every decode step the next 
 and without EAGLE3's draft) and writes each step's measured parts to ``--hvd-timings
 PATH`` (serving/step_timing.py). This command sends it load over a grid of concurrencies
 and prompt lengths, reads the steps it timed, takes the median of each grid cell (batch,
-row width, draft steps, context within a factor of 2), fits the profile's constants to
-the cells (step_profile.fit_*), and checks the fit on held-back cells: a diagonal of the
+row width, draft steps, context within a factor of 2; a cell of fewer than --min-steps
+steps, a batch size seen only while requests arrive or finish, is left out), fits the
+profile's constants to the cells (step_profile.fit_*), and checks the fit on held-back cells: a diagonal of the
 (batch, width) grid is left out of a first fit and predicted by it. The profile written is
 fitted to every cell; its ``fit_error`` holds the held-back errors.
 """
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "concurrency x (prompt + new tokens) within the server's KV pool")
     p.add_argument("--new-tokens", type=int_in(2, 100_000), default=48, metavar="N",
                    help="tokens each request generates (EOS ignored) (default: %(default)s)")
+    p.add_argument("--min-steps", type=int_in(1, 10_000), default=3, metavar="K",
+                   help="leave out grid cells timed fewer than K steps: batch sizes between two concurrency levels, "
+                        "seen for a step or two while requests arrive or finish, whose median is one noisy sample "
+                        "(default: %(default)s)")
     p.add_argument("--name", metavar="NAME", help="the profile's name (default: the output file's stem)")
     p.add_argument("--target-model", metavar="M", help="target model named in the profile (default: the server's "
                                                        "--model-path; the server refuses a profile of another model)")
@@ -149,7 +154,8 @@ def main(args: argparse.Namespace) -> int:
     if not timings:
         raise HvdInputError(f"{args.timings}: the server timed no decode steps under the load (is it the file this "
                             "server writes with --hvd-timings?)")
-    cells = cell_medians(timings)
+    cells = cell_medians(timings, args.min_steps)
+    left_out = len(cell_medians(timings)) - len(cells)
     name = args.name or os.path.splitext(os.path.basename(args.output))[0]
     base = StepProfile(name=name, kind="measured", hardware=args.hardware,
                        target_model=args.target_model or str(info.get("model_path") or "unknown"),
@@ -159,15 +165,16 @@ def main(args: argparse.Namespace) -> int:
     profile, held_back = fit_checked(cells, base, name)
     profile = dataclasses.replace(
         profile, fit_error=held_back,
-        note=f"hvd profile: {len(timings):,} decode steps in {len(cells)} cells, {len(args.concurrency)} concurrencies "
-             f"x {len(args.prompt_tokens)} prompt lengths; fit_error: held-back cells (a diagonal of the batch x width "
-             "grid)")
+        note=f"hvd profile: {len(timings):,} decode steps in {len(cells)} cells of >= {args.min_steps} steps "
+             f"({left_out} smaller cells left out), {len(args.concurrency)} concurrencies x {len(args.prompt_tokens)} "
+             "prompt lengths; fit_error: held-back cells (a diagonal of the batch x width grid)")
     profile.write(args.output)
     rows = [(term, f"{100 * e:.1f}%") for term, e in held_back.items()]
     print(format_table(("term", "held-back error"), rows,
-                       title=f"\n{len(timings):,} steps timed ({generated:,} tokens generated), {len(cells)} cells"))
+                       title=f"\n{len(timings):,} steps timed ({generated:,} tokens generated), {len(cells)} cells "
+                             f"of >= {args.min_steps} steps ({left_out} smaller left out)"))
     print(f"wrote {args.output}: {profile.describe()}")
     if args.json:
         write_json(args.json, {"profile": profile.to_json(), "held_back_error": held_back, "steps": len(timings),
-                               "cells": len(cells)})
+                               "cells": len(cells), "cells_left_out": left_out})
     return 0

