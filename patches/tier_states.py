@@ -77,6 +77,8 @@ class HVDDraftWorker(ew.EagleDraftWorker):
     (patches/step_clock.py)."""
 
     hvd_skip_draft = False
+    hvd_skip_extend = False  # this step's draft extend is skipped (--hvd-skip-idle-extend)
+    hvd_owner = None  # the HVD worker (its SGLang stub for a skipped extend)
     hvd_clock = None
 
     def draft(self, batch, *, with_topology: bool = False):
@@ -97,7 +99,15 @@ class HVDDraftWorker(ew.EagleDraftWorker):
             tree_mask_mode=self.tree_mask_mode, device=self.device)
 
 
-    def _draft_extend_for_decode(self, *args, **kwargs):
+    def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
+        if self.hvd_skip_extend and self.hvd_owner is not None:
+            # SGLang's own stand-in for a skipped extend (its steps-0 path under
+            # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND): shape-valid next-draft inputs
+            self.hvd_owner._stub_skipped_draft_extend(batch, batch_result)
+            return None
+        return self._timed_extend(batch, batch_result, *args, **kwargs)
+
+    def _timed_extend(self, *args, **kwargs):
         clock = self.hvd_clock
         if clock is None:
             return super()._draft_extend_for_decode(*args, **kwargs)

@@ -81,11 +81,13 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_tier_states: TierStates | None = None  # built with SGLang's backends (init_cuda_graphs)
         if self._draft_worker is not None:  # skips EAGLE3's draft on steps no row verifies it
             self._draft_worker.__class__ = HVDDraftWorker
+            self._draft_worker.hvd_owner = self
         self._hvd_staging = Staging()
         self._hvd_reqs: dict = {}  # rid -> Req, for requests the stepper tracks
         self._hvd_pending = None  # (rids, EAGLE3 chains or None) of the step being verified
         self._hvd_packed = None  # this step's packed plans, from its draft to its verify
         self._hvd_drafts_skipped = 0  # steps whose EAGLE3 draft forwards were skipped
+        self._hvd_extends_skipped = 0  # steps whose draft extend was skipped (--hvd-skip-idle-extend)
         self._hvd_step_shape = None  # (tier, EAGLE3 drafted) of the step in flight, for its timing
         # Rank 0 times each decode step's parts: for --hvd-timings, and to refine a served profile.
         self._hvd_clock = self._hvd_timings = self._hvd_refiner = None
@@ -195,10 +197,13 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                 self._hvd_failed(e)
                 self._hvd_tier_states.activate(Tier(self.hvd_shape))
                 tier, packed, skip, self._hvd_pending = served, None, False, None
+        drafted = self.hvd_tiers[tier].speculates and not skip
         self._draft_worker.hvd_skip_draft = skip
+        self._draft_worker.hvd_skip_extend = self.hvd_config.skip_idle_extend and not drafted
         self._hvd_drafts_skipped += skip
+        self._hvd_extends_skipped += self.hvd_config.skip_idle_extend and not drafted
         self._hvd_packed = packed
-        self._hvd_step_shape = (tier, self.hvd_tiers[tier].speculates and not skip)
+        self._hvd_step_shape = (tier, drafted)
 
     @staticmethod
     def _hvd_eligible(batch) -> bool:
@@ -334,6 +339,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
                "dp_rank": self._hvd_dp_rank or 0, "tiers": [t.name for t in self.hvd_tiers],
                "tier_rule": self._hvd_tier_rule, "drafts_skipped": self._hvd_drafts_skipped,
+               "extends_skipped": self._hvd_extends_skipped,
                "tier_switches": self._hvd_tier_states.switches if self._hvd_tier_states is not None else 0,
                # requests HVD still tracks: 0 on an idle server, or some request leaks
                "tracked_requests": len(self._hvd_reqs),

@@ -240,7 +240,7 @@ def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
     w._hvd_metrics = None
     w._hvd_staging = Staging()
     w.hvd_tiers, w._hvd_tier_rule, w._hvd_tier_states = (Tier(shape),), "static", None
-    w._hvd_packed, w._hvd_drafts_skipped, w._hvd_step_shape = None, 0, None
+    w._hvd_packed, w._hvd_drafts_skipped, w._hvd_extends_skipped, w._hvd_step_shape = None, 0, 0, None
     w._hvd_clock = w._hvd_timings = w._hvd_refiner = None
     w._draft_worker = types.SimpleNamespace(hvd_skip_draft=False)
     return w

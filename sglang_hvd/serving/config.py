@@ -68,6 +68,12 @@ class HVDServingConfig:
     profile_refit: bool = option(
         True, "keep serving --hvd-profile as given: no online refit from the steps the server times (e.g. to "
               "compare with replay under the same profile)", flag="--hvd-no-profile-refit", launcher_default=True)
+    skip_idle_extend: bool = option(
+        False, "after a decode step that ran no EAGLE3 draft (off, or every row a cache row), skip the draft model's "
+               "extend (SGLang runs it every step to keep the draft's KV cache warm): cache-only steps then cost a "
+               "verify alone; an EAGLE3 draft after such steps drafts from a stale state (lossless; its yield, "
+               "measured online, drops). The cost rule then prices the extend on drafting steps only",
+        launcher_default=False)
     tier_cycle: bool = option(
         False, "diagnostic: step through every tier, with and without EAGLE3's draft, one decode step each, "
                "ignoring the profile (checks that a deployment serves every tier losslessly; slow)",

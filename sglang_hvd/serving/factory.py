@@ -10,7 +10,7 @@ from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..scorer import ScoreRule, ServedScorer
-from ..step_profile import StepProfile, load_profile
+from ..step_profile import EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED, StepProfile, load_profile
 from ..tiers import served_tiers
 from ..verify import VerifyShape
 from .config import HVDServingConfig
@@ -57,6 +57,8 @@ def build_stepper(config: HVDServingConfig, shape: VerifyShape, dp_rank: int | N
             raise HvdInputError(f"{path}: cannot record traces there ({e.strerror})") from None
     step = cost_rule(config, gate, shape, model_path)
     stepper = HVDStepper(drafter, gate, shape, recorder=recorder, tokenizer=gate.spec.tokenizer, step=step)
+    if config.skip_idle_extend:
+        stepper.extend = EXTEND_WHEN_DRAFTED  # its modelled time, as the server runs it
     if config.tier_cycle:
         stepper.cycle = step.modes
     return stepper
@@ -90,7 +92,8 @@ def cost_rule(config: HVDServingConfig, gate: ServedScorer, shape: VerifyShape,
     profile = load_profile(config.profile or "qwen3-8b-h200")
     if config.profile is not None:
         check_profile_model(profile, model_path, config.profile)
-    return CostRule(profile, gate.verify_model.eagle3, tiers)
+    return CostRule(profile, gate.verify_model.eagle3, tiers,
+                    extend=EXTEND_WHEN_DRAFTED if config.skip_idle_extend else EXTEND_EVERY_STEP)
 
 
 def modes_text(rule: CostRule | None) -> list[str]:
