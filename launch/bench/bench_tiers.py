@@ -17,6 +17,8 @@ EAGLE3 at topk 1 (1-3-4), and a gate for that shape trained on the synthetic wor
                   adaptive    SGLang's adaptive EAGLE3 (--speculative-adaptive)
                   hvd_blind   HVD at the served shape every step (--hvd-gate)
                   hvd_cost    HVD with the profile of (a) (--hvd-gate --hvd-profile)
+                  hvd_cost_skip  hvd_cost with --hvd-skip-idle-extend (no draft extend after
+                              a step without an EAGLE3 draft)
                 the same seeded requests (half repeat a block of themselves, so the cache
                 drafts from the prompt; half random) at each batch (requests in flight), in two
                 rounds: round 2 re-sends round 1, so HVD's global cache knows the answers. The
@@ -52,8 +54,8 @@ from sglang_hvd.step_profile import load_profile
 from sglang_hvd.verify import TOPK1_SHAPE
 
 PROG = "bench_tiers"
-CONFIGS = ("greedy", "adaptive", "hvd_blind", "hvd_cost")
-HVD_CONFIGS = ("hvd_blind", "hvd_cost")
+CONFIGS = ("greedy", "adaptive", "hvd_blind", "hvd_cost", "hvd_cost_skip")
+HVD_CONFIGS = ("hvd_blind", "hvd_cost", "hvd_cost_skip")
 ROUNDS = 2
 HVD_FIGURES = ("steps", "cache_pick_rate", "cache_mean_accept", "eagle3_mean_accept", "drafts_skipped",
                "cpu_us_per_step", "profile_error_verify", "profile_error_step")
@@ -161,8 +163,10 @@ def server_args(config: str, draft: str, gate: str, profile: str | None, max_bat
     if config == "adaptive":
         return args + ["--speculative-adaptive"], "sglang.launch_server"
     args += ["--hvd-gate", gate, "--hvd-drafter", "native"]
-    if config == "hvd_cost":
+    if config in ("hvd_cost", "hvd_cost_skip"):
         args += ["--hvd-profile", profile]
+    if config == "hvd_cost_skip":
+        args += ["--hvd-skip-idle-extend"]
     return args, "sglang_hvd.launch_server"
 
 
@@ -239,7 +243,7 @@ def run(a: argparse.Namespace) -> int:
     log(f"gate {gate} ({time.time() - started:.0f} s)")
 
     profile_report = None
-    if "hvd_cost" in a.configs and not a.profile:
+    if {"hvd_cost", "hvd_cost_skip"} & set(a.configs) and not a.profile:
         a.profile, profile_report = measure_profile(a, target, draft, gate, work)
         held = profile_report["held_back_error"]
         log("    held-back error: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in held.items()))
