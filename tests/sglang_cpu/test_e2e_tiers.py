@@ -110,7 +110,9 @@ def test_the_tier_cycle_runs_every_mode_and_skips_eagle3s_draft_on_cache_only_st
     cycle = len(modes)
     assert sum(per_tier.values()) == hvd["steps"] and abs(per_tier["off"] - hvd["steps"] / cycle) <= 1, hvd["modes"]
     assert all(abs(per_tier[t] - 2 * hvd["steps"] / cycle) <= 2 for t in tiers[1:]), hvd["modes"]
-    assert hvd["tier_switches"] >= hvd["steps"] - 1
+    # a switch at every change of tier (a mode with and one without EAGLE3 share their tier's state):
+    # each full cycle switches once into every tier
+    assert hvd["tier_switches"] >= len(tiers) * (hvd["steps"] // cycle), (hvd["tier_switches"], hvd["steps"])
     # a cache-only step verifies no EAGLE3 node: its draft forwards were skipped
     cache_only = sum(hvd["modes"][m] for m in modes if m.endswith("/cache"))
     assert hvd["drafts_skipped"] >= cache_only > 0
