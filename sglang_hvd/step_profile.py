@@ -113,8 +113,8 @@ class DraftCost:
 
 HOST_NONE, HOST_DRAFTS, HOST_HVD = "none", "drafts", "hvd"  # what host work a step pays (StepProfile.step_ms)
 # When a step pays EAGLE3's draft extend (StepProfile.step_ms): never (no draft model), every
-# step (SGLang's rule, steps 0 included), or only steps that draft (a catch-up extend over the
-# tokens accepted since the last one; not built in the server yet)
+# step (SGLang's rule, steps 0 included), or only steps that draft (a server started with
+# --hvd-skip-idle-extend: it skips the extend after a step without an EAGLE3 draft)
 EXTEND_NONE, EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED = "none", "every-step", "when-drafted"
 
 

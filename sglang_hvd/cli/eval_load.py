@@ -44,10 +44,10 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
                    help=f"the tiers of the static policies eagle3@T, cache_only@T, hvd@T (default: those of "
                         f"{STATIC_TIERS} no wider than the gate, and hvd's --tiers)")
     g.add_argument("--extend", choices=(EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED), default=EXTEND_EVERY_STEP,
-                   help="when HVD's server pays EAGLE3's draft extend: every-step (what SGLang, and so the HVD server, "
-                        "does today: at steps without an EAGLE3 draft too) or when-drafted (a catch-up extend over the "
-                        "tokens since the last one, on drafting steps only: not built in the server; shows what it "
-                        "would buy) (default: %(default)s)")
+                   help="when HVD's server pays EAGLE3's draft extend: every-step (SGLang's rule, and the HVD "
+                        "server's default: at steps without an EAGLE3 draft too) or when-drafted (on drafting steps "
+                        "only: a server with --hvd-skip-idle-extend; replay does not model the lower yield of a draft "
+                        "made after skipped extends) (default: %(default)s)")
     g.add_argument("--requests", choices=REQUESTS, default=REQUESTS[0],
                    help="conversations: each conversation's turns in order, one after another (a conversation holds a "
                         "slot); turns: every turn its own request, in file order (fills a load higher than the number "

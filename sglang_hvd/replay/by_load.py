@@ -14,8 +14,9 @@ Policy names (a static tier T written TOPK-STEPS-NODES, tiers.py):
 cache_only pays the profile's host time of its drafts, HVD that and its decision's; the
 EAGLE3 baselines and greedy pay none. Every policy with an EAGLE3 model (eagle3@T,
 eagle3_adaptive, hvd@T, hvd) pays its draft extend at every step, drafted or not, as SGLang
-runs it (``LoadSettings.extend``: HVD's servers may instead pay it on drafting steps only, a
-catch-up extend the server does not have yet).
+runs it (``LoadSettings.extend``: HVD's servers may instead pay it on drafting steps only, as
+one started with --hvd-skip-idle-extend does; replay does not model the lower yield of an
+EAGLE3 draft made after skipped extends).
 """
 
 from __future__ import annotations
