@@ -18,16 +18,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sglang_hvd.decision import BatchPlan
 from sglang_hvd.tiers import Tier
 
-from .rows import pack_plans, packed_width
-
-
-def eagle3_everywhere(bs: int, num_draft_tokens: int) -> np.ndarray:
-    """Packed plans that leave every row to EAGLE3."""
-    plans = BatchPlan.all_eagle3(bs, num_draft_tokens - 1)
-    return pack_plans(plans.cache_lens, plans.eagle_nodes, plans.cache_tokens, plans.cache_parents)
+from .rows import packed_width
 
 
 def broadcast_step(tier: int, eagle3: bool, packed: np.ndarray | None, bs: int, served_nodes: int,

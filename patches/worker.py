@@ -33,7 +33,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_hvd.cost_rule import CostRule
 from sglang_hvd.serving.config import HVDServingConfig
-from sglang_hvd.serving.factory import build_stepper, modes_text
+from sglang_hvd.serving.factory import build_stepper
 from sglang_hvd.serving.recorder import rank_path
 from sglang_hvd.serving.step_timing import ProfileRefiner
 from sglang_hvd.tiers import Tier, served_tiers
@@ -156,7 +156,9 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         """Close the step's timing: the timings file, the served profile's refinement."""
         tier, drafted = self._hvd_step_shape
         shape = self.hvd_tiers[tier].shape
-        context = sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
+        context = self.hvd.context_tokens  # the stepper's, of this step's batch (0 when it did not need it)
+        if not context:
+            context = sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
         timing = self._hvd_clock.finish(batch=len(batch.reqs), tokens_per_row=1 if shape is None else shape.nodes,
                                         context_tokens=context, draft_steps=shape.steps if drafted else 0,
                                         topk=self.topk)
@@ -328,9 +330,9 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                     "gate_threshold": self.hvd.rule.threshold,
                     "gate_eagle_reserve": self.hvd.rule.eagle_reserve,
                     "gate_cache_siblings": self.hvd.rule.cache_siblings,
-                    "verify_shape": self.hvd_shape.describe(), "modes": dict(self.hvd.stats.modes),
-                    "mode_names": modes_text(self.hvd.step)}
+                    "verify_shape": self.hvd_shape.describe(), "modes": dict(self.hvd.stats.modes)}
             step = self.hvd.step
+            gate["mode_names"] = [m.name for m in step.modes] if isinstance(step, CostRule) else []
             if isinstance(step, CostRule):  # the profile and the EAGLE3 curve the decision values tiers by
                 gate.update(profile=step.profile.name, profile_kind=step.profile.kind,
                             eagle3_curve=step.eagle3_curve.text())

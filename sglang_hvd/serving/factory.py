@@ -89,14 +89,12 @@ def cost_rule(config: HVDServingConfig, gate: ServedScorer, shape: VerifyShape,
         tiers = served_tiers(config.tiers, shape)
     except ValueError as e:
         raise HvdInputError(f"--hvd-tiers: {e}") from None
-    profile = load_profile(config.profile or "qwen3-8b-h200")
+    try:
+        profile = load_profile(config.profile or "qwen3-8b-h200")
+    except HvdInputError as e:
+        raise HvdInputError(f"--hvd-profile {e}") from None
     if config.profile is not None:
         check_profile_model(profile, model_path, config.profile)
     return CostRule(profile, gate.verify_model.eagle3, tiers,
                     extend=EXTEND_WHEN_DRAFTED if config.skip_idle_extend else EXTEND_EVERY_STEP)
-
-
-def modes_text(rule: CostRule | None) -> list[str]:
-    """The step modes a server picks among, by name (/server_info)."""
-    return [] if rule is None else [m.name for m in rule.modes]
 

@@ -112,6 +112,7 @@ class HVDStepper:
         self._append_tokens: list[list[int]] = []
         self.stats = StepStats()
         self._gate_error_logged = False
+        self.context_tokens = 0  # the last planned step's context tokens (plan)
         self.cycle: tuple[StepMode, ...] = ()  # the tier-cycle diagnostic: these modes in turn, one per step
         # a cost rule values EAGLE3 rows by the curve the verifies show (eagle3_yield.py), refreshed every
         # EAGLE3_REFRESH_STEPS steps
@@ -200,6 +201,7 @@ class HVDStepper:
         step = self.cycle[self.stats.steps % len(self.cycle)] if self.cycle else self.step
         timed = isinstance(step, CostRule) or self.time_profile is not None
         context = sum(len(s.prompt) + len(s.output) for s in states) if timed else 0
+        self.context_tokens = context  # the step's context, all rows (0 when no cost rule needed it)
         plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees,
                        step=step, context_tokens=context)
         if plans.tier is not None:
