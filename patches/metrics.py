@@ -29,18 +29,36 @@ GAUGES = {
 }
 
 
+# Online calibration (--hvd-online-calibration), labelled dp_rank and bucket (a request source)
+CALIBRATION_GAUGES = {
+    "labels": "Judged cache drafts labelled by the output that followed them",
+    "predicted": "Mean payoff (accepted cache tokens) the gate predicted",
+    "realized": "Mean payoff the verified output realized",
+    "served_error": "Mean |served payoff - realized| (the calibrated payoff the decision used)",
+    "gate_error": "Mean |gate's prediction - realized|",
+}
+
+
 class HVDMetrics:
     def __init__(self, dp_rank: int = 0):
         from prometheus_client import Gauge
 
+        self._dp_rank = str(dp_rank)
         self._gauges = {k: Gauge(f"sglang:hvd_{k}", doc, labelnames=["dp_rank"], multiprocess_mode="mostrecent")
-                        .labels(dp_rank=str(dp_rank)) for k, doc in GAUGES.items()}
+                        .labels(dp_rank=self._dp_rank) for k, doc in GAUGES.items()}
+        self._calibration = {k: Gauge(f"sglang:hvd_calibration_{k}", doc, labelnames=["dp_rank", "bucket"],
+                                      multiprocess_mode="mostrecent") for k, doc in CALIBRATION_GAUGES.items()}
         self._last = 0.0
 
-    def update(self, summary: dict) -> None:
+    def update(self, summary: dict, calibration=None) -> None:
+        """``summary``: the stepper's; ``calibration``: its OnlineCalibration (None: off), read only when due."""
         now = time.monotonic()
         if now - self._last < 1.0:
             return
         self._last = now
         for key, gauge in self._gauges.items():
             gauge.set(float(summary.get(key, 0.0)))
+        if calibration is not None:
+            for bucket, figures in calibration.summary().items():
+                for key, gauge in self._calibration.items():
+                    gauge.labels(dp_rank=self._dp_rank, bucket=bucket).set(float(figures[key]))

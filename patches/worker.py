@@ -49,6 +49,13 @@ log = logging.getLogger("sglang_hvd")
 LOG_EVERY_S = 60.0  # a one-line HVD summary in the server log at most this often
 
 
+def request_source(req) -> str | None:
+    """A request's calibration bucket: its sampling params' ``custom_params["hvd_source"]`` (a string), else None."""
+    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    source = custom.get("hvd_source") if isinstance(custom, dict) else None
+    return source if isinstance(source, str) and source else None
+
+
 class HVDEagleWorkerV2(EAGLEWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -248,7 +255,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             return None
         rids = [req.rid for req in batch.reqs]
         for req in batch.reqs:
-            self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids)
+            source = None if req.rid in self.hvd else request_source(req)
+            self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids, source)
             self._hvd_reqs[req.rid] = req
         self._hvd_collect_departed(set(rids))
         plans = self.hvd.plan(rids)
@@ -276,7 +284,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             refined = self._hvd_refiner.summary() if self._hvd_refiner is not None else {}
             switches = self._hvd_tier_states.switches if self._hvd_tier_states is not None else 0
             self._hvd_metrics.update({**self.hvd.summary(), **refined, "drafts_skipped": self._hvd_drafts_skipped,
-                                      "tier_switches": switches})
+                                      "tier_switches": switches}, self.hvd.calibration)
         if time.monotonic() - self._hvd_last_log > LOG_EVERY_S:
             self._hvd_last_log = time.monotonic()
             s = self.hvd.summary()
@@ -338,6 +346,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                             eagle3_curve=step.eagle3_curve.text())
             if self._hvd_refiner is not None:  # the profile in use and its error on the newest steps
                 gate.update(self._hvd_refiner.summary())
+            # predicted against realized payoff per source bucket (None: no online calibration)
+            gate["calibration"] = self.hvd.calibration.summary() if self.hvd.calibration is not None else None
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
                "dp_rank": self._hvd_dp_rank or 0, "tiers": [t.name for t in self.hvd_tiers],
                "tier_rule": self._hvd_tier_rule, "drafts_skipped": self._hvd_drafts_skipped,

@@ -50,6 +50,7 @@ from .tiers import Tier
 from .verify import MAX_TREE_NODES, RowPlan, VerifyShape
 
 if TYPE_CHECKING:
+    from .calibration import CalibrationInput
     from .scorer import Scorer
 
 
@@ -169,7 +170,7 @@ def _at_shape(shape: VerifyShape) -> StepMode:
 def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestState], shape: VerifyShape,
            rule: DecisionRule | Sequence[DecisionRule], fallback: bool = False,
            trees: RowTreeSource | None = None, step: StepMode | CostRule | None = None,
-           context_tokens: float = 0.0) -> BatchPlan:
+           context_tokens: float = 0.0, calibration: CalibrationInput | None = None) -> BatchPlan:
     """The row plans of a batch. ``drafts``: a drafter's ``speculate_arrays`` for the rows;
     ``states``: the rows' RequestStates, whose histories this records every non-empty
     draft into (judged or not); ``rule``: one for the batch (the server), or one per row
@@ -178,7 +179,10 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     nodes; ``step``: the StepMode every row is planned at (default: ``shape`` with
     EAGLE3), or a CostRule that picks it for this batch (``choose_mode``) from the scores
     and ``context_tokens`` (the batch's context, all rows together). Row trees grow cache
-    rows at tree tiers (topk > 1) of at most ``shape``'s nodes.
+    rows at tree tiers (topk > 1) of at most ``shape``'s nodes. ``calibration``: the
+    online map of predicted to realized payoff (calibration.py) and each row's bucket;
+    the threshold and the cost rule then read the calibrated payoff (BatchPlan.predicted
+    stays the scorer's own value, what the calibration learns from).
 
     A scorer that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
     at ``shape`` and the error is returned in ``gate_error``; without it (replay,
@@ -199,6 +203,7 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     error = None
     grows = siblings > 0  # the rule adds siblings to cache rows (a bool, or one per row)
     described_trees = None  # the row trees of the rows asked, cut at the nodes described
+    payoff = None  # [B] float64 the calibrated payoff (nan: not judged), with a calibration
     lens_list = lens.tolist()
     if scorer is not None and any(lens_list):
         grows_at_shape = trees is not None and shape.allows_branches and shape.draft_nodes <= MAX_TREE_NODES
@@ -212,7 +217,9 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
             error = e
         else:
             predicted = np.where(judged, pred, np.nan).astype(np.float32)
-            use = judged & (pred > threshold)
+            if calibration is not None:
+                payoff = calibration.apply(np.where(judged, pred, np.nan))
+            use = judged & ((pred if payoff is None else payoff) > threshold)
     if any(lens_list):
         rows = drafts.tokens[:, : max(lens_list)].tolist()
         for s, n_i, t in zip(states, lens_list, rows):
@@ -221,8 +228,8 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     if error is not None or step is None:
         mode = _at_shape(shape)
     elif isinstance(step, CostRule):
-        mode, use = choose_mode(step, predicted.astype(np.float64), lens, use, int(reserve), context_tokens,
-                                shape.draft_nodes)
+        mode, use = choose_mode(step, predicted.astype(np.float64) if payoff is None else payoff, lens, use,
+                                int(reserve), context_tokens, shape.draft_nodes)
     else:
         mode = step
     if mode.tier.shape is None:

@@ -83,8 +83,20 @@ def test_default_tiers_come_from_the_gate_s_shape():
     (["--profile", "qwen3-8b-h100", "--tiers", "1-3-4"],
      "--profile, --tiers apply to fleet replay by load: add --concurrency C,... or leave them out"),
     (["--requests", "turns"], "--requests applies to fleet replay by load: add --concurrency C,... or leave it out"),
+    (["--policies", "hvd,nope"], "argument --policies: unknown policy 'nope'; sequential replay runs cache_only, "
+                                 "cache_tree, eagle3_only, greedy, hvd, hvd_online, oracle, rule, tree_oracle; fleet"),
+    (["--policies", "hvd@1-3-4"], "--policies: unknown policy 'hvd@1-3-4' (a policy of fleet replay by load: add "
+                                  "--concurrency C,...)"),
+    (["--policies", "hvd,cache_tree", "--verify-topk", "1", "--verify-steps", "3", "--verify-nodes", "4"],
+     "--policies: unknown policy 'cache_tree' (a tree policy: at topk > 1 only)"),
+    (["--concurrency", "1", "--policies", "hvd_online@4-3-32"], "--policies: hvd_online@4-3-32 verifies 32 tokens per "
+                                                                "row, more than the gate's topk 4, steps 3, 16 nodes"),
+    (["--concurrency", "1", "--policies", "oracle"], "--policies: unknown policy 'oracle'; choose from greedy, "
+                                                     "eagle3_adaptive, hvd, hvd_online or a tiered policy"),
+    (["--policies", ","], "argument --policies: expected policy names like hvd,hvd_online, got ','"),
 ], ids=["concurrency-0", "concurrency-nan", "bad-tier", "missing-profile", "tier-too-wide", "static-tier-too-wide",
-        "profile-and-tiers-alone", "requests-alone"])
+        "profile-and-tiers-alone", "requests-alone", "unknown-policy", "tiered-policy-alone", "tree-policy-at-topk-1",
+        "online-tier-too-wide", "sequential-policy-by-load", "no-policy"])
 def test_bad_load_flags_are_refused_before_any_trace_is_read(flags, message, demo_dir, tmp_path, capsys):
     # the traces do not exist: a refusal naming the flag shows they were never opened
     argv = ["eval", str(tmp_path / "missing.jsonl"), "--gate", os.path.join(demo_dir, "gate"), *flags,
@@ -96,3 +108,24 @@ def test_bad_load_flags_are_refused_before_any_trace_is_read(flags, message, dem
     err = capsys.readouterr().err
     assert code == 2 and message in err and "missing.jsonl" not in err
     assert not (tmp_path / "o.json").exists()
+
+
+def test_policies_pick_what_runs_and_hvd_online_starts_cold(demo_dir, tmp_path, capsys):
+    small_traces(demo_dir, str(tmp_path / "t.jsonl"))
+    gate = os.path.join(demo_dir, "gate")
+    out = tmp_path / "seq.json"
+    assert hvd(["eval", str(tmp_path / "t.jsonl"), "--gate", gate, "--policies", "hvd,hvd_online",
+                "--json", str(out)]) == 0
+    overall = json.loads(out.read_text())["overall"]
+    assert set(overall["policies"]) == {"hvd", "hvd_online", "oracle"}  # the oracle: always, the reference
+    assert overall["gate"]["judged"] > 0  # hvd's judgements
+    for p in overall["policies"].values():
+        assert 0 < p["cycles_per_1k"] <= 1000
+    out = tmp_path / "load.json"
+    assert hvd(["eval", str(tmp_path / "t.jsonl"), "--gate", gate, "--policies", "hvd@1-3-4,hvd_online@1-3-4",
+                "--concurrency", "2", "--json", str(out)]) == 0
+    policies = json.loads(out.read_text())["by_concurrency"]["2"]["policies"]
+    assert set(policies) == {"hvd@1-3-4", "hvd_online@1-3-4"}
+    # a few dozen drafts: no bin of a cold calibration reaches 32 labels, so hvd_online plans as hvd does
+    assert policies["hvd_online@1-3-4"]["cycles_per_1k"] == policies["hvd@1-3-4"]["cycles_per_1k"]
+    capsys.readouterr()

@@ -22,7 +22,8 @@ NAMES = [
     ("SGLANG_HVD_EAGLE_RESERVE", "--hvd-eagle-reserve"), ("SGLANG_HVD_CACHE_SIBLINGS", "--hvd-cache-siblings"),
     ("SGLANG_HVD_DRAFTER", "--hvd-drafter"), ("SGLANG_HVD_PROFILE", "--hvd-profile"),
     ("SGLANG_HVD_TIERS", "--hvd-tiers"), ("SGLANG_HVD_PROFILE_REFIT", "--hvd-no-profile-refit"),
-    ("SGLANG_HVD_SKIP_IDLE_EXTEND", "--hvd-skip-idle-extend"), ("SGLANG_HVD_TIER_CYCLE", "--hvd-tier-cycle"),
+    ("SGLANG_HVD_SKIP_IDLE_EXTEND", "--hvd-skip-idle-extend"),
+    ("SGLANG_HVD_ONLINE_CALIBRATION", "--hvd-online-calibration"), ("SGLANG_HVD_TIER_CYCLE", "--hvd-tier-cycle"),
     ("SGLANG_HVD_TIMINGS", "--hvd-timings"), ("SGLANG_HVD_RECORD_TRACES", "--hvd-record-traces"),
     ("SGLANG_HVD_RECORD_QUEUE", "--hvd-record-queue"),
     ("SGLANG_HVD_ALLOW_SGLANG_VERSION", "--hvd-allow-sglang-version"),
@@ -69,7 +70,8 @@ def test_flags_round_trip_through_the_environment_into_the_config():
                    "SGLANG_HVD_RECORD_TRACES": "/t.jsonl", "SGLANG_HVD_RECORD_QUEUE": "7",
                    "SGLANG_HVD_ALLOW_SGLANG_VERSION": "0.6.0", "SGLANG_HVD_MAX_DEPTH": "32",
                    "SGLANG_HVD_MIN_TOKEN_PROB": "0.25", "SGLANG_HVD_MAX_SCAN": "99", "SGLANG_HVD_TIER_CYCLE": "0",
-                   "SGLANG_HVD_PROFILE_REFIT": "1", "SGLANG_HVD_SKIP_IDLE_EXTEND": "0"}
+                   "SGLANG_HVD_PROFILE_REFIT": "1", "SGLANG_HVD_SKIP_IDLE_EXTEND": "0",
+                   "SGLANG_HVD_ONLINE_CALIBRATION": "0"}
     back = HVDServingConfig.from_env(env)
     assert back == cfg
     # drafter settings in DrafterConfig's field order, each of its field's type

@@ -74,10 +74,10 @@ class TimedStepper:
     def _add(self, part: str, start: float) -> None:
         self._pending[part] += max(self.clock() - start - self._overhead_s, 0.0) * 1e6
 
-    def sync(self, rid: str, prompt_ids, output_ids) -> None:
+    def sync(self, rid: str, prompt_ids, output_ids, source: str | None = None) -> None:
         part = "sync" if rid in self.stepper else "start"  # a new request's first sync indexes its prompt
         t = self.clock()
-        self.stepper.sync(rid, prompt_ids, output_ids)
+        self.stepper.sync(rid, prompt_ids, output_ids, source)
         self._add(part, t)
 
     def finish(self, rid: str) -> None:

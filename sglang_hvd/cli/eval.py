@@ -11,6 +11,7 @@ from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import atomic_output, write_json
+from ..replay.by_load import parse_policy
 from ..replay.metrics import COLUMNS, HIGH_PAYOFF_ACCEPT_LEN, table_row
 from ..replay.policies import GatePolicy, PolicyOptions, make_policies
 from ..replay.simulate import simulate
@@ -60,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate only the conversations the gate held out at training (hvd train --test-fraction)")
     p.add_argument("--sources", metavar="S,...",
                    help="evaluate only the records of these sources, e.g. tau-bench,swe-agent (default: all)")
+    p.add_argument("--policies", type=policy_list, metavar="P,...",
+                   help="only these policies. Sequential replay (default: " + ",".join(POLICIES) + ", and "
+                        + ",".join(TREE_POLICIES) + " at topk > 1): any of those and hvd_online (hvd with online "
+                        "calibration, cold at the first request); the oracle always runs, as the reference. With "
+                        "--concurrency (default: greedy, eagle3_adaptive, eagle3@T, cache_only@T and hvd@T at each "
+                        "static tier, and hvd): any of those, hvd_online and hvd_online@T")
     p.add_argument("--threshold", type=gate_threshold, metavar="T",
                    help="override the gate's threshold on predicted accept_len")
     p.add_argument("--eagle-reserve", type=row_nodes, metavar="M",
@@ -85,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         'hvd eval dev.jsonl.gz --gate gate --held-out --eagle3-mean 1.75 --plot thresholds.png',
         'hvd eval dev.jsonl.gz --gate gate --held-out --sources tau-bench,swe-agent --concurrency 1,8,32,64 '
         '--requests turns --json by_load.json',
+        'hvd eval held_out.jsonl.gz --gate other_gate --policies hvd,hvd_online --concurrency 8 --json online.json',
     )
     return p
 
@@ -108,6 +116,7 @@ def main(args: argparse.Namespace) -> int:
                             "room for siblings; evaluate at --verify-topk 2 or more, or leave --cache-siblings out")
     rule = args.rule_threshold if args.rule_threshold is not None else spec.rule_threshold or 3.0
     profile = eval_load.check(args, model.shape)
+    names = sequential_names(args.policies, model.shape) if not args.concurrency else None
     report = ReadReport()
     records = single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report))
     if args.held_out:
@@ -137,22 +146,23 @@ def main(args: argparse.Namespace) -> int:
             print(report.summary())
         eval_load.write(args.json, out)
         return 0
-    options = PolicyOptions(rule_thresholds=(rule,), eagle3_tokens=model.eagle3_tokens, gate=gate, decision=decision)
-    policies = make_policies(list(POLICIES) + list(TREE_POLICIES if model.shape.allows_branches else ()), options)
-    hvd = next(p for p in policies if isinstance(p, GatePolicy))
+    options = PolicyOptions(rule_thresholds=(rule,), eagle3_tokens=model.eagle3_tokens, gate=gate, decision=decision,
+                            draft_nodes=model.shape.draft_nodes)
+    policies = make_policies(names, options)
+    # the gate's precision and recall: of hvd's judgements (the same drafts and predictions as hvd_online's)
+    hvd = next((p for p in policies if isinstance(p, GatePolicy) and p.calibration is None),
+               next((p for p in policies if isinstance(p, GatePolicy)), None))
     with progress(total=len(records), desc="eval", unit="req") as bar:
         result = simulate(records, create_drafter(default_drafter_name(), gate.drafter_config), policies,
                           model, on_request=lambda r: bar.update(1))
     costs = spec.costs
-    out = {"overall": {**result.overall.to_json(), "gate": {**gate_metrics(hvd.judged), "cache_pick_rate":
-           result.overall.policy("hvd").to_json()["cache_pick_rate"]}}, "sources": {},
+    out = {"overall": {**result.overall.to_json(), **_gate_json(hvd, result.overall)}, "sources": {},
            **decision.to_json(), "rule_threshold": rule,
            "verify": model.to_json()}
     header = ("policy",) + COLUMNS + ("time/1k",)
     for name, tally in sorted(result.sources.items()):
-        out["sources"][name] = {**tally.to_json(), "gate": {**gate_metrics(hvd.judged, name),
-                                "cache_pick_rate": tally.policy("hvd").to_json()["cache_pick_rate"]}}
-        _print(name, tally, header, costs, out["sources"][name]["gate"], model.shape)
+        out["sources"][name] = {**tally.to_json(), **_gate_json(hvd, tally, name)}
+        _print(name, tally, header, costs, out["sources"][name].get("gate"), model.shape)
     if len(result.sources) > 1:
         _print("overall", result.overall, header, costs, out["overall"]["gate"], model.shape)
     print(f"\nverify rows of {model.shape.describe()} (cache drafts checked up to {model.shape.draft_nodes} tokens), "
@@ -176,6 +186,47 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def policy_list(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated policy names (checked against the run's mode in ``main``)."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected policy names like hvd,hvd_online, got {text!r}")
+    sequential = set(POLICIES) | set(TREE_POLICIES) | {"hvd_online"}
+    for name in names:
+        if name not in sequential:
+            try:
+                parse_policy(name)  # a policy of fleet replay by load
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"unknown policy {name!r}; sequential replay runs {', '.join(sorted(sequential))}; fleet replay "
+                    f"by load (--concurrency) greedy, eagle3_adaptive, hvd, hvd_online and eagle3@T, cache_only@T, "
+                    f"hvd@T, hvd_online@T (T: TOPK-STEPS-NODES)") from None
+    return names
+
+
+def sequential_names(wanted: tuple[str, ...] | None, shape) -> list[str]:
+    """The sequential replay's policies: ``wanted`` (the oracle added, as the reference) or the default table."""
+    known = list(POLICIES) + ["hvd_online"] + list(TREE_POLICIES if shape.allows_branches else ())
+    if wanted is None:
+        return list(POLICIES) + list(TREE_POLICIES if shape.allows_branches else ())
+    for name in wanted:
+        if name not in known:
+            extra = " (a tree policy: at topk > 1 only)" if name in TREE_POLICIES else ""
+            by_load = " (a policy of fleet replay by load: add --concurrency C,...)" if "@" in name or name in (
+                "eagle3_adaptive",) else ""
+            raise HvdInputError(f"--policies: unknown policy {name!r}{extra}{by_load}; sequential replay runs "
+                                f"{', '.join(known)}")
+    return list(wanted) + ([] if "oracle" in wanted else ["oracle"])
+
+
+def _gate_json(hvd, tally, source: str | None = None) -> dict:
+    """The gate's figures over ``tally`` (a source's, or overall): none without a gate policy."""
+    if hvd is None:
+        return {}
+    return {"gate": {**gate_metrics(hvd.judged, source),
+                     "cache_pick_rate": tally.policy(hvd.name).to_json()["cache_pick_rate"]}}
+
+
 def at_6(shape, value: float) -> str:
     """precision@6 or recall@6, or n/a where a row checks fewer than 6 cache tokens (N - 1 < 6):
     no draft can be accepted that far, so both are 0 / 0."""
@@ -185,6 +236,8 @@ def at_6(shape, value: float) -> str:
 def _print(name, tally, header, costs, g, shape) -> None:
     rows = [table_row(p, t) + (costs.time_per_1k(t),) for p, t in tally.policies.items()]
     print(format_table(header, rows, title=f"\n{name}: {tally.requests:,} requests, {tally.tokens:,} output tokens"))
+    if g is None:
+        return
     print(f"gate: precision@6 {at_6(shape, g['precision_at_6'])}, recall@6 {at_6(shape, g['recall_at_6'])}, "
           f"MAE {g['mae']:.2f} "
           f"over {g['judged']:,} drafts judged; cache pick {100 * g['cache_pick_rate']:.1f}%")

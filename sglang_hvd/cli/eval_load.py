@@ -7,7 +7,7 @@ import argparse
 
 from ..errors import HvdInputError
 from ..jsonl import write_json
-from ..replay.by_load import COST_AWARE, LoadSettings, by_concurrency_json, policy_names, run_by_load
+from ..replay.by_load import COST_AWARE, LoadSettings, by_concurrency_json, parse_policy, policy_names, run_by_load
 from ..replay.fleet import conversations_of
 from ..report import format_table, progress
 from ..step_profile import DEFAULT_PROFILE, ESTIMATES, EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED, load_profile
@@ -31,8 +31,8 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--concurrency", type=int_list_in(1, MAX_CONCURRENCY), metavar="C,...",
                    help="instead of sequential replay, fleet replay at each concurrency (requests in flight) of: "
                         "greedy, eagle3@T, cache_only@T and hvd@T at each static tier, eagle3_adaptive (SGLang's "
-                        "--speculative-adaptive rule) and hvd (cost-aware: the tier picked per step); prints tokens/s "
-                        "and time per 1k tokens under --profile beside cycles")
+                        "--speculative-adaptive rule) and hvd (cost-aware: the tier picked per step), or those "
+                        "--policies names; prints tokens/s and time per 1k tokens under --profile beside cycles")
     g.add_argument("--profile", default=DEFAULT_PROFILE, metavar="P",
                    help=f"step-time profile: a profile JSON file (sglang_hvd/step_profile.py), or a shipped estimate "
                         f"({', '.join(ESTIMATES)}; default: %(default)s)")
@@ -84,6 +84,14 @@ def check(args: argparse.Namespace, shape):
                                 f"--concurrency C,... or leave {'it' if one else 'them'} out")
         return None
     check_tiers(args, shape)
+    for name in getattr(args, "policies", None) or ():
+        try:
+            _, tier = parse_policy(name)
+        except ValueError as e:
+            raise HvdInputError(f"--policies: {e}") from None
+        if tier is not None and tier.shape is not None and tier.shape.nodes > shape.nodes:
+            raise HvdInputError(f"--policies: {name} verifies {tier.shape.nodes} tokens per row, more than the gate's "
+                                f"{shape.describe()}")
     return load_profile(args.profile)
 
 
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace, gate, model, profile, records, extra: dict) ->
     if top > len(convs):
         hint = " (--requests turns serves every turn as its own request)" if args.requests == "conversations" else ""
         print(f"note: concurrency {top} > {len(convs)} {args.requests}: at most {len(convs)} run at once{hint}")
-    names = policy_names(static)
+    names = list(args.policies) if getattr(args, "policies", None) else policy_names(static)
     settings = LoadSettings(gate, model, profile, tuple(args.tiers), extend=args.extend)
     print(f"profile {profile.describe()}; cost-aware hvd chooses from {', '.join(t.name for t in args.tiers)}; "
           f"{len(records):,} requests as {len(convs):,} {args.requests}", flush=True)
@@ -120,7 +128,7 @@ def best_other(policies: dict, families: tuple[str, ...]) -> tuple[str, float]:
 
 
 def print_level(c: int, policies: dict) -> None:
-    greedy = policies["greedy"]["tokens_per_s"]
+    greedy = policies["greedy"]["tokens_per_s"] if "greedy" in policies else float("nan")
     rows = []
     for name, p in policies.items():
         top = sorted(p["modes"].items(), key=lambda kv: -kv[1])[:3]
@@ -128,6 +136,8 @@ def print_level(c: int, policies: dict) -> None:
                      " ".join(f"{m} {100 * s:.0f}%" for m, s in top)))
     print(format_table(("policy", "tokens/s", "ms/1k", "cycles/1k", "x greedy", "steps by tier"), rows,
                        title=f"\nconcurrency {c}"))
+    if COST_AWARE not in policies or all(n.startswith("hvd") for n in policies):
+        return  # --policies left out cost-aware hvd, or every policy to compare it with
     hvd = policies[COST_AWARE]["tokens_per_s"]
     other, other_tps = best_other(policies, ("hvd",))
     static, static_tps = max(((n, p["tokens_per_s"]) for n, p in policies.items() if n.startswith("hvd@")),

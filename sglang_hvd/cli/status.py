@@ -77,6 +77,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"not one gate: {d}")
     if status.ranks and status.consistent:
         print(f"one gate: digest {status.ranks[0].hvd.get('gate_digest')} on {len(status.ranks)} rank(s)")
+    for r in status.ranks:
+        for bucket, c in (r.hvd.get("calibration") or {}).items():
+            print(f"calibration, {r.server} rank {r.dp_rank}, {bucket}: {c['labels']:,} drafts labelled, predicted "
+                  f"{c['predicted']:.2f} against realized {c['realized']:.2f} tokens; error served "
+                  f"{c['served_error']:.2f}, gate alone {c['gate_error']:.2f}; {c['bins_acting']} bins acting")
     if args.json:
         write_json(args.json, status.to_json())
     return 0 if status.consistent else 1

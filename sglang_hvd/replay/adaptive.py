@@ -97,7 +97,7 @@ class AdaptiveEagle3Planner:
     def _route(self, batch: int) -> _SlotState:
         return self._slots[self._keys[max(0, bisect.bisect_right(self._keys, batch) - 1)]]
 
-    def sync(self, rid: str, prompt_ids, output_ids) -> None:
+    def sync(self, rid: str, prompt_ids, output_ids, source: str | None = None) -> None:
         pass
 
     def finish(self, rid: str) -> None:

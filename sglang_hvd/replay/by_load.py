@@ -10,6 +10,10 @@ Policy names (a static tier T written TOPK-STEPS-NODES, tiers.py):
   hvd@T            today's cost-blind HVD: the gate's decision at tier T
   hvd              cost-aware HVD: the decision picks the tier (and whether EAGLE3
                    drafts) per step from the gate's payoffs and the profile (cost_rule.CostRule)
+  hvd_online       hvd with online calibration (calibration.py), starting cold at the
+                   first request: the payoffs it decides with are the gate's, mapped to
+                   what the verifies so far realized (per source); hvd_online@T: hvd@T so
+                   calibrated
 
 cache_only pays the profile's host time of its drafts, HVD that and its decision's; the
 EAGLE3 baselines and greedy pay none. Every policy with an EAGLE3 model (eagle3@T,
@@ -25,6 +29,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+from ..calibration import OnlineCalibration
 from ..cost_rule import CostRule, StepMode
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
@@ -38,7 +43,9 @@ from .adaptive import AdaptiveEagle3Planner
 from .fleet import FixedPlanner, FleetResult, Planner, serve_fleet
 
 COST_AWARE = "hvd"
-STATIC_FAMILIES = ("hvd", "eagle3", "cache_only")
+ONLINE = "hvd_online"  # hvd with online calibration (calibration.py)
+STATIC_FAMILIES = ("hvd", ONLINE, "eagle3", "cache_only")
+UNTIERED = ("greedy", "eagle3_adaptive", COST_AWARE, ONLINE)
 
 
 def policy_names(static_tiers: Sequence[Tier]) -> list[str]:
@@ -52,11 +59,12 @@ def parse_policy(name: str) -> tuple[str, Tier | None]:
     """``"hvd@4-3-16"`` -> ("hvd", Tier(4-3-16)); ``"greedy"`` -> ("greedy", None)."""
     family, sep, tier = name.partition("@")
     if not sep:
-        if family not in ("greedy", "eagle3_adaptive", COST_AWARE):
-            raise ValueError(f"unknown policy {name!r}")
+        if family not in UNTIERED:
+            raise ValueError(f"unknown policy {name!r}; choose from {', '.join(UNTIERED)} or a tiered policy "
+                             f"({', '.join(f + '@T' for f in STATIC_FAMILIES)})")
         return family, None
     if family not in STATIC_FAMILIES:
-        raise ValueError(f"unknown policy {name!r}; a tiered policy is eagle3@T, cache_only@T or hvd@T")
+        raise ValueError(f"unknown policy {name!r}; a tiered policy is {', '.join(f + '@T' for f in STATIC_FAMILIES)}")
     return family, Tier.parse(tier)
 
 
@@ -84,11 +92,9 @@ def make_planner(name: str, s: LoadSettings) -> Planner:
         stepper.host = HOST_DRAFTS  # SuffixDecoding pays for its drafts, not for a decision,
         stepper.extend = EXTEND_NONE  # and runs no draft model
         return stepper
-    if tier is not None:  # hvd@T
-        stepper = HVDStepper(drafter, s.gate, s.model.shape, step=StepMode(tier))
-    else:
-        stepper = HVDStepper(drafter, s.gate, s.model.shape,
-                             step=CostRule(s.profile, s.model.eagle3, s.tiers, extend=s.extend))
+    step = StepMode(tier) if tier is not None else CostRule(s.profile, s.model.eagle3, s.tiers, extend=s.extend)
+    calibration = OnlineCalibration(s.model.shape.draft_nodes) if family == ONLINE else None
+    stepper = HVDStepper(drafter, s.gate, s.model.shape, step=step, calibration=calibration)
     stepper.extend = s.extend
     return stepper
 

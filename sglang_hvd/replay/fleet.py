@@ -51,7 +51,7 @@ class Planner(Protocol):
     host: str  # the host work its steps pay (step_profile.HOST_HVD, HOST_DRAFTS or HOST_NONE)
     extend: str  # when its steps pay EAGLE3's draft extend (step_profile.EXTEND_*)
 
-    def sync(self, rid: str, prompt_ids, output_ids) -> None: ...
+    def sync(self, rid: str, prompt_ids, output_ids, source: str | None = None) -> None: ...
 
     def finish(self, rid: str) -> None: ...
 
@@ -71,7 +71,7 @@ class FixedPlanner:
         self.extend = EXTEND_EVERY_STEP if tier.speculates else EXTEND_NONE
         self.modes: dict[str, int] = {}
 
-    def sync(self, rid: str, prompt_ids, output_ids) -> None:
+    def sync(self, rid: str, prompt_ids, output_ids, source: str | None = None) -> None:
         pass
 
     def finish(self, rid: str) -> None:
@@ -151,7 +151,7 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: Planner
     def end(rid: str) -> None:
         nonlocal in_flight
         r, turns, _ = running.pop(rid)
-        stepper.sync(rid, r.prompt_ids, emitted[rid])
+        stepper.sync(rid, r.prompt_ids, emitted[rid], r.source)
         stepper.finish(rid)
         if turns:
             start(turns)
@@ -172,7 +172,7 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: Planner
         if not rids:
             continue
         for rid in rids:
-            stepper.sync(rid, running[rid][0].prompt_ids, emitted[rid])
+            stepper.sync(rid, running[rid][0].prompt_ids, emitted[rid], running[rid][0].source)
         plans = stepper.plan(rids)
         row_ms = 0.0
         if profile is not None:

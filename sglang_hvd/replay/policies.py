@@ -10,6 +10,9 @@ them on the same traces:
   rule@c       the cache chain when the draft's score >= c, else EAGLE3 (ArcticInference's rule)
   hvd          the learned gate through the serving decision (decision.decide): EAGLE3's
                row, a cache chain or a two-branch row
+  hvd_online   hvd with online calibration (calibration.py), cold at the first request:
+               each judged draft's label reaches the calibration once the walk has
+               passed it (the output after its accepted run), as it reaches a server's
   oracle       the choose-one oracle: the cache chain exactly when its true yield
                (accepted + 1) beats EAGLE3's expected tokens at the shape
   cache_tree   cache_only with the row tree (drafter/row_tree.py: the chain, then
@@ -23,10 +26,15 @@ row between the cache draft and EAGLE3.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
+import numpy as np
+
+from ..calibration import CalibrationInput, OnlineCalibration
 from ..decision import DecisionRule, decide
 from ..drafter.batch import DraftBatch, RowTreeBatch
 from ..drafter.protocol import Draft
@@ -170,7 +178,8 @@ class TreeOraclePolicy(_Single):
 class GatePolicy:
     """HVD: the serving decision (decision.decide). Replay batches every GatePolicy of one
     gate standing in a request (``batch_key``, ``plan_batch``): one gate call for all of
-    their rows, each row with its policy's rule.
+    their rows, each row with its policy's rule. With a ``calibration`` (``hvd_online``) the
+    policy decides with calibrated payoffs and plans alone.
 
     Keeps ``(source, predicted, true accept_len)`` of every draft it judged, for the
     gate's precision/recall report.
@@ -179,11 +188,15 @@ class GatePolicy:
     needs_draft = True
     needs_state = True
 
-    def __init__(self, gate: ServedScorer, rule: DecisionRule, name: str = "hvd"):
+    def __init__(self, gate: ServedScorer, rule: DecisionRule, name: str = "hvd",
+                 calibration: OnlineCalibration | None = None):
         self.gate = gate
         self.rule = rule
         self.name = name
         self.judged: list[tuple[str, float, int]] = []
+        self.calibration = calibration
+        # judged drafts whose label the walk has not yet passed: (req_id, pos, label, predicted, bucket)
+        self._labels: collections.deque[tuple[str, int, int, float, int]] = collections.deque()
 
     @property
     def needs_rows(self) -> bool:
@@ -191,7 +204,14 @@ class GatePolicy:
 
     @property
     def batch_key(self):
-        return ("gate", id(self.gate))
+        return ("gate", id(self.gate), id(self.calibration) if self.calibration is not None else None)
+
+    def _observe_passed(self, view: StepView) -> None:
+        """Labels the walk has passed by ``view`` (a later position, or another request) into the calibration."""
+        labels = self._labels
+        while labels and (labels[0][0] != view.req_id or labels[0][1] + labels[0][2] < view.pos):
+            _, _, label, predicted, bucket = labels.popleft()
+            self.calibration.observe(bucket, predicted, label)
 
     def plan(self, view: StepView) -> RowPlan:
         return self.plan_batch([self], [view])[0]
@@ -200,11 +220,23 @@ class GatePolicy:
     def plan_batch(policies: Sequence[GatePolicy], views: Sequence[StepView]) -> list[RowPlan]:
         drafts = DraftBatch.of([v.draft for v in views])
         shape = views[0].shape
+        cal = policies[0].calibration  # one calibration for the batch (batch_key)
+        calibrated = None
+        if cal is not None:
+            for policy, view in zip(policies, views):
+                policy._observe_passed(view)
+            calibrated = CalibrationInput(cal, np.array([cal.bucket(v.source) for v in views], np.int64))
         plans = decide(policies[0].gate, drafts, [v.state for v in views], shape, [p.rule for p in policies],
-                       trees=lambda rows: RowTreeBatch.of([views[i].row for i in rows], shape.draft_nodes))
+                       trees=lambda rows: RowTreeBatch.of([views[i].row for i in rows], shape.draft_nodes),
+                       calibration=calibrated)
         for k, (policy, view) in enumerate(zip(policies, views)):
             if view.draft.tokens:
-                policy.judged.append((view.source, float(plans.predicted[k]), view.oracle_accept_len))
+                predicted = float(plans.predicted[k])
+                policy.judged.append((view.source, predicted, view.oracle_accept_len))
+                if cal is not None and math.isfinite(predicted):
+                    # the row tree's payoff where the policy reads trees, as training labels it
+                    label = len(view.oracle_path) if view.row.tokens else view.oracle_accept_len
+                    policy._labels.append((view.req_id, view.pos, label, predicted, int(calibrated.buckets[k])))
         return [plans.plan(k) for k in range(len(views))]
 
 
@@ -216,12 +248,19 @@ class PolicyOptions:
     eagle3_tokens: float = 1.75  # expected tokens of EAGLE3's row (the oracle's bar)
     gate: ServedScorer | None = None  # a gate.Gate (or scorer.ScoreRule), for the hvd policy
     decision: DecisionRule | None = None  # None: the gate's own
+    draft_nodes: int = 0  # the verify shape's N-1 (0: the gate's), the most hvd_online's calibration serves
 
 
 def _gate_policies(o: PolicyOptions) -> list[Policy]:
     if o.gate is None:
         raise ValueError("the hvd policy needs a gate: pass --gate GATE_DIR (a folder written by `hvd train`)")
     return [GatePolicy(o.gate, o.decision or o.gate.rule)]
+
+
+def _online_policies(o: PolicyOptions) -> list[Policy]:
+    gate = _gate_policies(o)[0]
+    cap = o.draft_nodes or o.gate.verify_model.shape.draft_nodes
+    return [GatePolicy(gate.gate, gate.rule, name="hvd_online", calibration=OnlineCalibration(cap))]
 
 
 # name -> factory(options) -> policies (a name may expand to several, e.g. one rule per
@@ -235,6 +274,7 @@ POLICY_FACTORIES: dict[str, Callable[[PolicyOptions], list[Policy]]] = {
     "cache_tree": lambda o: [CacheTreePolicy()],
     "tree_oracle": lambda o: [TreeOraclePolicy(o.eagle3_tokens)],
     "hvd": _gate_policies,
+    "hvd_online": _online_policies,
 }
 BASELINES = ("greedy", "eagle3_only", "cache_only", "rule")
 

@@ -74,6 +74,12 @@ class HVDServingConfig:
                "verify alone; an EAGLE3 draft after such steps drafts from a stale state (lossless; its yield, "
                "measured online, drops). The cost rule then prices the extend on drafting steps only",
         launcher_default=False)
+    online_calibration: bool = option(
+        False, "calibrate the gate online: label every judged cache draft by the output that follows it and decide "
+               "with the gate's payoff mapped to what the verifies realize, per source bucket (the request's "
+               "custom_params hvd_source, else one bucket); guarded by a minimum of 32 labels per bin and a bounded "
+               "step per label; /server_info shows predicted against realized payoff (sglang_hvd/calibration.py)",
+        launcher_default=False)
     tier_cycle: bool = option(
         False, "diagnostic: step through every tier, with and without EAGLE3's draft, one decode step each, "
                "ignoring the profile (checks that a deployment serves every tier losslessly; slow)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ..calibration import OnlineCalibration
 from ..cost_rule import CostRule
 from ..drafter import create_drafter
 from ..drafter.native_drafter import default_drafter_name
@@ -56,7 +57,9 @@ def build_stepper(config: HVDServingConfig, shape: VerifyShape, dp_rank: int | N
         except OSError as e:
             raise HvdInputError(f"{path}: cannot record traces there ({e.strerror})") from None
     step = cost_rule(config, gate, shape, model_path)
-    stepper = HVDStepper(drafter, gate, shape, recorder=recorder, tokenizer=gate.spec.tokenizer, step=step)
+    calibration = OnlineCalibration(shape.draft_nodes) if config.online_calibration else None
+    stepper = HVDStepper(drafter, gate, shape, recorder=recorder, tokenizer=gate.spec.tokenizer, step=step,
+                         calibration=calibration)
     if config.skip_idle_extend:
         stepper.extend = EXTEND_WHEN_DRAFTED  # its modelled time, as the server runs it
     if config.tier_cycle:

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, decide
+from ..calibration import CalibrationInput, OnlineCalibration
+from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, decide, described
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, chain_parents, row_path
@@ -60,14 +61,17 @@ class _Verify:
 
 
 class _Request:
-    __slots__ = ("prompt", "output", "state", "pending", "steps")
+    __slots__ = ("prompt", "output", "state", "pending", "steps", "bucket", "labels")
 
-    def __init__(self, prompt: np.ndarray):
+    def __init__(self, prompt: np.ndarray, bucket: int = 0):
         self.prompt = prompt
         self.output: list[int] = []
         self.state = RequestState(prompt)
         self.pending: _Verify | None = None
         self.steps: list[TraceStep] = []
+        self.bucket = bucket  # its calibration bucket (calibration.py)
+        # judged drafts waiting for the output that labels them: (pos, tokens, parents, predicted), in pos order
+        self.labels: list[tuple[int, list[int], list[int], float]] = []
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,7 +102,8 @@ class HVDStepper:
 
     def __init__(self, drafter: Drafter, gate: ServedScorer | None, shape: VerifyShape,
                  rule: DecisionRule | None = None, recorder=None, tokenizer: TokenizerId | None = None,
-                 source: str = "served", step: StepMode | CostRule | None = None):
+                 source: str = "served", step: StepMode | CostRule | None = None,
+                 calibration: OnlineCalibration | None = None):
         self.drafter = drafter
         self.gate = gate
         self.shape = shape
@@ -119,6 +124,8 @@ class HVDStepper:
         self.eagle3_yield = Eagle3Yield(step.eagle3_curve) if isinstance(step, CostRule) else None
         # modelled_ms times every step by the cost rule's profile as given (not by an online refit of it)
         self.time_profile = step.profile if isinstance(step, CostRule) else None
+        # online calibration (calibration.py): every judged draft is labelled once the output has passed it
+        self.calibration = calibration
 
     @property
     def threshold(self) -> float:
@@ -129,13 +136,15 @@ class HVDStepper:
 
     # -- bookkeeping -------------------------------------------------------------------
 
-    def sync(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+    def sync(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int], source: str | None = None) -> None:
         """Register a new request, or take the tokens it emitted since the last sync (the
-        drafter gets every request's new tokens in one ``append_batch`` before it drafts)."""
+        drafter gets every request's new tokens in one ``append_batch`` before it drafts).
+        ``source``: the new request's calibration bucket (None: one bucket for all)."""
         st = self._reqs.get(rid)
         if st is None:
             self._flush_appends()  # the drafter sees every append and start in the order they came
-            st = self._reqs[rid] = _Request(np.asarray(prompt_ids, dtype=np.int32))
+            bucket = self.calibration.bucket(source) if self.calibration is not None else 0
+            st = self._reqs[rid] = _Request(np.asarray(prompt_ids, dtype=np.int32), bucket)
             self.drafter.start_request(rid, st.prompt)
         if len(output_ids) <= len(st.output):
             return
@@ -145,6 +154,8 @@ class HVDStepper:
         self._append_rids.append(rid)
         self._append_tokens.append(new)
         self._resolve(st)
+        if st.labels:
+            self._label(st)
 
     def _flush_appends(self) -> None:
         """The tokens taken by ``sync`` since the last flush, into the drafter in one call."""
@@ -167,6 +178,8 @@ class HVDStepper:
         if final_output is not None and len(final_output) < len(st.output):
             st.output = list(final_output)
         self._resolve(st, final=True)
+        if st.labels:
+            self._label(st, final=True)
         if self.recorder is not None and st.output:
             self.recorder.record(TraceRecord(
                 req_id=rid, conv_id=rid, turn=0, source=self.source, tokenizer=self.tokenizer,
@@ -195,15 +208,25 @@ class HVDStepper:
         states = [self._reqs[r] for r in rids]
         arrays = self.drafter.speculate_arrays(rids)
 
+        asked: list[tuple[np.ndarray, RowTreeBatch]] = []  # the row trees decide asked for (labels read them)
+
         def trees(rows: np.ndarray) -> RowTreeBatch:  # the drafted rows (tree features) or those with room
-            return self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
+            got = self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
+            asked.append((rows, got))
+            return got
 
         step = self.cycle[self.stats.steps % len(self.cycle)] if self.cycle else self.step
         timed = isinstance(step, CostRule) or self.time_profile is not None
         context = sum(len(s.prompt) + len(s.output) for s in states) if timed else 0
         self.context_tokens = context  # the step's context, all rows (0 when no cost rule needed it)
+        calibrated = None
+        if self.calibration is not None:
+            calibrated = CalibrationInput(self.calibration, np.fromiter((s.bucket for s in states), np.int64,
+                                                                        len(states)))
         plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees,
-                       step=step, context_tokens=context)
+                       step=step, context_tokens=context, calibration=calibrated)
+        if calibrated is not None:
+            self._queue_labels(states, arrays, plans.predicted, asked[0] if asked else None)
         if plans.tier is not None:
             name = StepMode(plans.tier, plans.eagle3).name  # what the step ran
             self.stats.modes[name] = self.stats.modes.get(name, 0) + 1
@@ -224,6 +247,43 @@ class HVDStepper:
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
         self.stats.steps += 1
         return plans
+
+    def _queue_labels(self, states: list[_Request], drafts, predicted: np.ndarray,
+                      asked: tuple[np.ndarray, RowTreeBatch] | None) -> None:
+        """Each judged draft of the step waits in its request for its label: the nodes the
+        gate judged (the row tree cut where the decision describes it, as training labels
+        it, where decide built it; else the chain), at the served shape's N-1 nodes."""
+        judged = np.flatnonzero(np.isfinite(predicted))
+        if not len(judged):
+            return
+        n = self.shape.draft_nodes
+        lens = np.minimum(drafts.lengths, n)
+        tree_of = {}
+        if asked is not None:
+            rows, got = asked
+            cut = described(drafts.lengths[rows], self.rule.cache_siblings, n)
+            tree_of = {int(r): (k, int(min(c, got.lengths[k]))) for k, (r, c) in enumerate(zip(rows, cut))}
+        pred = predicted[judged].tolist()
+        for i, p in zip(judged.tolist(), pred):
+            st = states[i]
+            if i in tree_of:
+                k, m = tree_of[i]
+                tokens, parents = asked[1].tokens[k, :m].tolist(), asked[1].parents[k, :m].tolist()
+            else:
+                m = int(lens[i])
+                tokens, parents = drafts.tokens[i, :m].tolist(), list(range(-1, m - 1))
+            st.labels.append((len(st.output), tokens, parents, p))
+
+    def _label(self, st: _Request, final: bool = False) -> None:
+        """The judged drafts whose nodes the output has passed (all of them at the end), into the calibration."""
+        out = st.output
+        done = 0
+        for pos, tokens, parents, p in st.labels:
+            if not final and len(out) - pos < len(tokens):
+                break
+            self.calibration.observe(st.bucket, p, len(row_path(tokens, parents, out, pos)))
+            done += 1
+        del st.labels[:done]
 
     def _refresh_eagle3(self) -> None:
         """The cost rule's EAGLE3 curve, from the EAGLE3 rows verified so far."""

@@ -71,15 +71,12 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gates, tmp_path_factory)
         "cost_off": dict(extra_args=chain + ["--hvd-gate", gate1, "--hvd-profile", profile, *every]),
     }
     out = {}
-    for name, cfg in configs.items():
-        launcher = {} if name == "reference" else {"launcher": "sglang_hvd.launch_server"}
-        server = sglang_server_factory(m.llama, **cfg, **launcher)
-        try:
-            rounds = [server.generate_many(PROMPTS) for _ in range(2)]
-            states = [s["hvd"] for s in server.server_info().get("internal_states") or [] if "hvd" in s]
-            out[name] = dict(rounds=rounds, hvd=states[0] if states else None, log=server.log_path)
-        finally:
-            server.stop()
+    launched = {name: cfg if name == "reference" else {**cfg, "launcher": "sglang_hvd.launch_server"}
+                for name, cfg in configs.items()}
+    for name, server in sglang_server_factory.in_turn(m.llama, launched):
+        rounds = [server.generate_many(PROMPTS) for _ in range(2)]
+        states = [s["hvd"] for s in server.server_info().get("internal_states") or [] if "hvd" in s]
+        out[name] = dict(rounds=rounds, hvd=states[0] if states else None, log=server.log_path)
     return out
 
 
