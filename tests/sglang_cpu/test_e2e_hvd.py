@@ -89,6 +89,8 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
         "hvd": dict(extra_args=eagle + ["--enable-metrics"],
                     env={"SGLANG_HVD_ENABLE": "1", "SGLANG_HVD_GATE": qwen_gate,
                          "SGLANG_HVD_THRESHOLD": "-1", "SGLANG_HVD_DRAFTER": "native",
+                         # calibrated payoffs are >= 0 > -1: every cache draft is still verified
+                         "SGLANG_HVD_ONLINE_CALIBRATION": "1",
                          "SGLANG_HVD_RECORD_TRACES": str(work / "served.jsonl")}),
         "hvd_broken": dict(extra_args=eagle + ["--hvd-gate", broken], launcher="sglang_hvd.launch_server"),
         # SGLang's CPU path binds each rank to a NUMA node unless told which cores to use.
@@ -230,6 +232,11 @@ def test_server_info_names_the_gate_for_fleet_checks(runs, qwen_gate):
     stats = [s["hvd"] for s in runs["hvd"]["info"]["internal_states"] if "hvd" in s][0]
     assert stats["gate_digest"] == Gate(qwen_gate).digest
     assert (stats["gate_threshold"], stats["verify_shape"]) == (-1.0, "topk 1, steps 3, 4 nodes")
+    # online calibration: every judged draft labelled by the output after it, one bucket (no hvd_source sent)
+    (bucket,) = stats["calibration"].items()
+    assert bucket[0] == "served" and bucket[1]["labels"] > 0 and 0 <= bucket[1]["realized"] <= 3
+    assert any(line.startswith("sglang:hvd_calibration_labels{") and 'bucket="served"' in line
+               and float(line.split()[-1]) > 0 for line in runs["hvd"]["metrics"].splitlines())
 
 
 def test_data_parallel_ranks_each_run_hvd_and_record_their_own_file(runs, qwen_gate):
