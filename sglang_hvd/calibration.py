@@ -5,8 +5,8 @@ accept_len drifts from what cache drafts really get. The serving stepper (and fl
 which runs it; and replay's ``hvd_online`` policy) labels every judged cache draft once
 its outcome is known -- the draft's accepted length against the output that followed, the
 label training uses (replay/labelled.py) -- and feeds ``(predicted, realized)`` here. The
-decision (decision.decide) then compares the *calibrated* payoff with its threshold and
-prices rows with it (cost_rule.py).
+decision (decision.decide) then compares the *calibrated* payoff with its threshold (a
+cost rule still prices the rows by the gate's own value: decide's docstring says why).
 
 The map, per source bucket (a request's source where known, else one bucket ``served``):
 the gate's prediction falls in one of ``BIN_EDGES``' bins; each bin keeps a running mean of

@@ -181,8 +181,11 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     and ``context_tokens`` (the batch's context, all rows together). Row trees grow cache
     rows at tree tiers (topk > 1) of at most ``shape``'s nodes. ``calibration``: the
     online map of predicted to realized payoff (calibration.py) and each row's bucket;
-    the threshold and the cost rule then read the calibrated payoff (BatchPlan.predicted
-    stays the scorer's own value, what the calibration learns from).
+    the threshold then reads the calibrated payoff, and a cost rule prices the rows it
+    marks by the scorer's own value (payoff.py's model of how a prediction's tokens
+    spread over widths was fitted to it; a calibrated mean raised on bimodal outcomes
+    overstates the first token's hit rate: replay lost 4.3% tokens/s pricing by it).
+    BatchPlan.predicted stays the scorer's own value, what the calibration learns from.
 
     A scorer that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
     at ``shape`` and the error is returned in ``gate_error``; without it (replay,
@@ -228,7 +231,7 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     if error is not None or step is None:
         mode = _at_shape(shape)
     elif isinstance(step, CostRule):
-        mode, use = choose_mode(step, predicted.astype(np.float64) if payoff is None else payoff, lens, use,
+        mode, use = choose_mode(step, predicted.astype(np.float64), lens, use,
                                 int(reserve), context_tokens, shape.draft_nodes)
     else:
         mode = step
