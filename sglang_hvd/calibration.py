@@ -75,7 +75,6 @@ class OnlineCalibration:
         self._offset = np.zeros((k, bins), np.float64)
         # per bucket (the report): labels, sums of predicted, realized, |served - realized|, |pred - realized|
         self._tally = np.zeros((k, 5), np.float64)
-        self.version = 0  # bumped by every label (a reader's cache key)
 
     def bucket(self, name: str | None) -> int:
         """The bucket id of a source (None: ``served``); sources past ``max_buckets - 1`` share ``other``."""
@@ -108,7 +107,6 @@ class OnlineCalibration:
         step = rate * ((realized - predicted) - old)
         self._offset[bucket, b] = old + max(-cfg.max_step, min(cfg.max_step, step))
         self._tally[bucket] += (1.0, predicted, realized, abs(served - realized), abs(predicted - realized))
-        self.version += 1
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per bucket: labels, mean predicted and realized payoff, and the mean absolute error of
