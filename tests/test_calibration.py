@@ -130,3 +130,25 @@ def test_the_stepper_labels_drafts_by_the_output_and_learns_from_them():
     assert s["tau-bench"]["realized"] == 3.0 and s["tau-bench"]["predicted"] == pytest.approx(0.4)
     st.finish("r")  # the rest are labelled by the output as it ended
     assert cal.summary()["tau-bench"]["labels"] == 4
+
+
+def test_replay_s_online_policy_learns_a_label_only_once_its_walk_has_passed_it():
+    from types import SimpleNamespace
+
+    from sglang_hvd.replay.policies import GatePolicy
+
+    cal = OnlineCalibration(15, CalibrationConfig(min_samples=1))
+    policy = GatePolicy(None, DecisionRule(), name="hvd_online", calibration=cal)
+    b = cal.bucket("s")
+    policy._labels.extend([("r", 0, 3, 0.5, b), ("r", 2, 0, 0.5, b)])  # labels 3 (known at pos 4) and 0 (at pos 3)
+
+    def labelled():
+        return cal.summary().get("s", {}).get("labels", 0)
+
+    policy._observe_passed(SimpleNamespace(req_id="r", pos=3))
+    assert labelled() == 0  # the first draft's run (positions 0-2) and the token after it (3) are not all out yet
+    policy._observe_passed(SimpleNamespace(req_id="r", pos=4))
+    assert labelled() == 2  # in order: the first, then the second (known since position 3)
+    policy._labels.append(("r", 4, 9, 0.5, b))
+    policy._observe_passed(SimpleNamespace(req_id="q", pos=0))  # another request: "r" ended, its output is whole
+    assert labelled() == 3 and not policy._labels
