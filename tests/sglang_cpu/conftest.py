@@ -60,34 +60,6 @@ class ServerFactory:
         self.servers.append(server)
         return server
 
-    def in_turn(self, model_dir: str, configs: dict[str, dict]):
-        """Yields ``(name, server)`` for each config in order, the next one starting while
-        this one starts and serves (two start-ups share the machine's cores: a server's
-        start is mostly single-threaded imports); each is stopped before the one after
-        next starts, so at most two are up at once."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        items = list(configs.items())
-        pool = ThreadPoolExecutor(max_workers=2)
-        futures = {}
-
-        def submit(i: int) -> None:
-            if i < len(items):
-                futures[i] = pool.submit(self, model_dir, **items[i][1])
-
-        submit(0)
-        submit(1)
-        try:
-            for i, (name, _) in enumerate(items):
-                server = futures.pop(i).result()
-                try:
-                    yield name, server
-                finally:
-                    server.stop()
-                    submit(i + 2)
-        finally:
-            pool.shutdown(wait=True)  # a start still under way finishes; stop_all stops it
-
     def stop_all(self) -> None:
         while self.servers:
             self.servers.pop().stop()

@@ -102,26 +102,30 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
                         launcher="sglang_hvd.launch_server", env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}),
     }
     out = {"work": work}
-    for name, server in sglang_server_factory.in_turn(m.llama, configs):
-        if name in ("hvd", "hvd_tp2"):
-            for p in SEQUENTIAL:
-                server.generate(**p)
-        rounds = [server.generate_many(PROMPTS) for _ in range(2)]
-        extra = {}
-        if name == "hvd":
-            import time
-            import urllib.request
+    for name, cfg in configs.items():
+        server = sglang_server_factory(m.llama, **cfg)
+        try:
+            if name in ("hvd", "hvd_tp2"):
+                for p in SEQUENTIAL:
+                    server.generate(**p)
+            rounds = [server.generate_many(PROMPTS) for _ in range(2)]
+            extra = {}
+            if name == "hvd":
+                import time
+                import urllib.request
 
-            time.sleep(1.5)  # gauges are refreshed at most once a second
-            server.generate_many(PROMPTS[:2])
-            extra["metrics"] = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
-            extra["collect"] = _collect(server, work)
-            extra["frontend"] = _frontend(server.url)
-        if name == "hvd_dp2":
-            extra["status"] = _hvd(["status", server.url, "--json", str(work / "status.json")])
-        if name == "reference":
-            extra["frontend"] = _frontend(server.url)
-        out[name] = dict(rounds=rounds, info=server.server_info(), log=server.log_path, **extra)
+                time.sleep(1.5)  # gauges are refreshed at most once a second
+                server.generate_many(PROMPTS[:2])
+                extra["metrics"] = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
+                extra["collect"] = _collect(server, work)
+                extra["frontend"] = _frontend(server.url)
+            if name == "hvd_dp2":
+                extra["status"] = _hvd(["status", server.url, "--json", str(work / "status.json")])
+            if name == "reference":
+                extra["frontend"] = _frontend(server.url)
+            out[name] = dict(rounds=rounds, info=server.server_info(), log=server.log_path, **extra)
+        finally:
+            server.stop()
     out["router"] = _behind_router(sglang_server_factory, m.llama, configs["hvd"], work)
     return out
 

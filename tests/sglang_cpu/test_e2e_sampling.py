@@ -95,12 +95,15 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gates, tmp_path_factory)
                                                   "HVD_TEST_VERIFY_FAULT": "accept_draft"}), ["t1.0"]),
     }
     out = {"work": work, "ids": ids}
-    started = sglang_server_factory.in_turn(m.spread, {name: cfg for name, (cfg, _) in configs.items()})
-    for name, server in started:
-        draws = {s: _draw(server, ids, SETTINGS[s]) for s in configs[name][1]}
-        info = server.server_info()
-        hvd = [st["hvd"] for st in info.get("internal_states", []) if "hvd" in st]
-        out[name] = dict(draws=draws, hvd=hvd[0] if hvd else None)
+    for name, (cfg, settings) in configs.items():
+        server = sglang_server_factory(m.spread, **cfg)
+        try:
+            draws = {s: _draw(server, ids, SETTINGS[s]) for s in settings}
+            info = server.server_info()
+            hvd = [st["hvd"] for st in info.get("internal_states", []) if "hvd" in st]
+            out[name] = dict(draws=draws, hvd=hvd[0] if hvd else None)
+        finally:
+            server.stop()
     return out
 
 
