@@ -99,11 +99,12 @@ class OnlineCalibration:
         if not math.isfinite(predicted):
             return
         cfg = self.config
-        served = float(self.apply(np.array([predicted]), np.array([bucket]))[0])
         b = int(np.searchsorted(BIN_EDGES, predicted, side="right"))
+        old = float(self._offset[bucket, b])
+        acting = self._count[bucket, b] >= cfg.min_samples
+        served = min(max(predicted + old, 0.0), self.cap) if acting else predicted  # apply's value, one row
         n = self._count[bucket, b] = self._count[bucket, b] + 1
         rate = max(1.0 / n, cfg.min_rate)
-        old = self._offset[bucket, b]
         step = rate * ((realized - predicted) - old)
         self._offset[bucket, b] = old + max(-cfg.max_step, min(cfg.max_step, step))
         self._tally[bucket] += (1.0, predicted, realized, abs(served - realized), abs(predicted - realized))

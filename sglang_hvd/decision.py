@@ -231,8 +231,8 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     if error is not None or step is None:
         mode = _at_shape(shape)
     elif isinstance(step, CostRule):
-        mode, use = choose_mode(step, predicted.astype(np.float64), lens, use,
-                                int(reserve), context_tokens, shape.draft_nodes)
+        mode, use = choose_mode(step, predicted.astype(np.float64), lens, use, int(reserve), context_tokens,
+                                shape.draft_nodes)
     else:
         mode = step
     if mode.tier.shape is None:

@@ -39,6 +39,7 @@ from .options import (
 
 POLICIES = ("greedy", "eagle3_only", "cache_only", "rule", "hvd", "oracle")
 TREE_POLICIES = ("cache_tree", "tree_oracle")  # at topk > 1, where rows hold trees
+ON_REQUEST = ("hvd_online",)  # sequential policies run only when --policies names them
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,7 +192,7 @@ def policy_list(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     if not names:
         raise argparse.ArgumentTypeError(f"expected policy names like hvd,hvd_online, got {text!r}")
-    sequential = set(POLICIES) | set(TREE_POLICIES) | {"hvd_online"}
+    sequential = set(POLICIES + ON_REQUEST + TREE_POLICIES)
     for name in names:
         if name not in sequential:
             try:
@@ -206,9 +207,10 @@ def policy_list(text: str) -> tuple[str, ...]:
 
 def sequential_names(wanted: tuple[str, ...] | None, shape) -> list[str]:
     """The sequential replay's policies: ``wanted`` (the oracle added, as the reference) or the default table."""
-    known = list(POLICIES) + ["hvd_online"] + list(TREE_POLICIES if shape.allows_branches else ())
+    trees = TREE_POLICIES if shape.allows_branches else ()
+    known = list(POLICIES + ON_REQUEST + trees)
     if wanted is None:
-        return list(POLICIES) + list(TREE_POLICIES if shape.allows_branches else ())
+        return list(POLICIES + trees)
     for name in wanted:
         if name not in known:
             extra = " (a tree policy: at topk > 1 only)" if name in TREE_POLICIES else ""
