@@ -44,6 +44,9 @@ BASE_ARGS = [
     "--mem-fraction-static", "0.2",
     "--disable-overlap-schedule",
     "--skip-server-warmup",
+    # an idle scheduler otherwise polls its sockets on a full core: on 2 cores, a server
+    # waiting for the test's next request halves everything else (CLIs, other servers)
+    "--sleep-on-idle",
     "--random-seed", "0",
     "--log-level", "info",
 ]
@@ -57,6 +60,10 @@ BASE_ENV = {
     # faster than two fighting over oversubscribed cores
     "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
+    # SIGTERM kills the scheduler first; SGLang then sleeps 5 s before py-spy/CUDA
+    # diagnostics of a "crash" (every stop() would pay it)
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
     "TRANSFORMERS_OFFLINE": "1",
 }
 
