@@ -45,6 +45,7 @@ import numpy as np
 
 from .cost_rule import CostRule, StepMode, choose_mode
 from .drafter.batch import DraftBatch, RowTreeBatch
+from .request_control import CACHE, EAGLE3, OFF, any_control
 from .request_state import RequestState, StateBatch
 from .tiers import Tier
 from .verify import MAX_TREE_NODES, RowPlan, VerifyShape
@@ -170,7 +171,8 @@ def _at_shape(shape: VerifyShape) -> StepMode:
 def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestState], shape: VerifyShape,
            rule: DecisionRule | Sequence[DecisionRule], fallback: bool = False,
            trees: RowTreeSource | None = None, step: StepMode | CostRule | None = None,
-           context_tokens: float = 0.0, calibration: CalibrationInput | None = None) -> BatchPlan:
+           context_tokens: float = 0.0, calibration: CalibrationInput | None = None,
+           control: np.ndarray | None = None) -> BatchPlan:
     """The row plans of a batch. ``drafts``: a drafter's ``speculate_arrays`` for the rows;
     ``states``: the rows' RequestStates, whose histories this records every non-empty
     draft into (judged or not); ``rule``: one for the batch (the server), or one per row
@@ -186,6 +188,10 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     spread over widths was fitted to it; a calibrated mean raised on bimodal outcomes
     overstates the first token's hit rate: replay lost 4.3% tokens/s pricing by it).
     BatchPlan.predicted stays the scorer's own value, what the calibration learns from.
+    ``control``: [B] each row's per-request control (request_control.py: auto, off,
+    cache, eagle3), honoured after the step's mode is chosen: an ``off`` row verifies no
+    draft, a ``cache`` row its whole cache draft (no EAGLE3 nodes; none without a draft),
+    an ``eagle3`` row EAGLE3's tree (None: every row auto).
 
     A scorer that raises: with ``fallback`` (the server) every row verifies EAGLE3's tree
     at ``shape`` and the error is returned in ``gate_error``; without it (replay,
@@ -240,6 +246,11 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     at = mode.tier.shape
     if not mode.eagle3:
         use, reserve = judged, 0
+    controlled = any_control(control)
+    if controlled:  # the rows' own asks, over the gate's verdicts
+        cache_only = control == CACHE
+        use = np.where(cache_only, judged, use & (control != OFF) & (control != EAGLE3))
+        reserve = np.where(cache_only, 0, reserve)  # a cache row of its own fills the row
     cache, eagle = plan_rows(use, lens, at, reserve)
     if not mode.eagle3:
         eagle[:] = 0
@@ -263,4 +274,6 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
             cache[room] = grown
             eagle[room] = n - grown if mode.eagle3 else 0
             tokens[room], parents[room] = described_trees.tokens[room, :n], described_trees.parents[room, :n]
+    if controlled:
+        eagle[(control == OFF) | (control == CACHE)] = 0
     return BatchPlan(cache, eagle, tokens, parents, predicted, error, tier=mode.tier, eagle3=bool(eagle.any()))

@@ -4,7 +4,8 @@ Per step the serving worker calls, for the batch's requests in row order:
   sync(rid, prompt_ids, output_ids)   bring the drafter up to date with each request
   plan(rids)                          cache drafts + decision.decide -> the BatchPlan of the rows
   verified(rids, accept_lens, rows)   what the verify accepted (metrics, trace steps)
-and finish(rid) when a request ends. The decision (gate included) runs once per step on
+and finish(rid) when a request ends (it returns the request's own figures, for its
+response's meta_info: request_control.py). The decision (gate included) runs once per step on
 the whole batch, through the same decision.decide that replay and training use. A gate
 that fails at run time makes that step verify EAGLE3's rows: logged once, counted in
 ``stats()["gate_errors"]``, never raised into the server.
@@ -24,6 +25,7 @@ from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, decide, desc
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, chain_parents, row_path
+from ..request_control import AUTO, FIGURES, figures
 from ..request_state import RequestState
 from ..scorer import ServedScorer
 from ..step_profile import EXTEND_EVERY_STEP, HOST_HVD
@@ -61,10 +63,13 @@ class _Verify:
 
 
 class _Request:
-    __slots__ = ("prompt", "output", "state", "pending", "steps", "bucket", "labels")
+    __slots__ = ("prompt", "output", "state", "pending", "steps", "bucket", "labels", "control", "counts")
 
-    def __init__(self, prompt: np.ndarray, bucket: int = 0):
+    def __init__(self, prompt: np.ndarray, bucket: int = 0, control: int = AUTO):
         self.prompt = prompt
+        self.control = control  # its per-request control (request_control.py)
+        # its own share of StepStats' counts (request_control.FIGURES), for its response
+        self.counts = dict.fromkeys(FIGURES, 0)
         self.output: list[int] = []
         self.state = RequestState(prompt)
         self.pending: _Verify | None = None
@@ -115,6 +120,7 @@ class HVDStepper:
         self._reqs: dict[str, _Request] = {}
         self._append_rids: list[str] = []  # sync's new tokens, per request, until the drafter takes them
         self._append_tokens: list[list[int]] = []
+        self._controlled = 0  # tracked requests whose control is not auto
         self.stats = StepStats()
         self._gate_error_logged = False
         self.context_tokens = 0  # the last planned step's context tokens (plan)
@@ -136,15 +142,18 @@ class HVDStepper:
 
     # -- bookkeeping -------------------------------------------------------------------
 
-    def sync(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int], source: str | None = None) -> None:
+    def sync(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int], source: str | None = None,
+             control: int = AUTO) -> None:
         """Register a new request, or take the tokens it emitted since the last sync (the
         drafter gets every request's new tokens in one ``append_batch`` before it drafts).
-        ``source``: the new request's calibration bucket (None: one bucket for all)."""
+        ``source``: the new request's calibration bucket (None: one bucket for all);
+        ``control``: its per-request control (request_control.py; auto by default)."""
         st = self._reqs.get(rid)
         if st is None:
             self._flush_appends()  # the drafter sees every append and start in the order they came
             bucket = self.calibration.bucket(source) if self.calibration is not None else 0
-            st = self._reqs[rid] = _Request(np.asarray(prompt_ids, dtype=np.int32), bucket)
+            st = self._reqs[rid] = _Request(np.asarray(prompt_ids, dtype=np.int32), bucket, control)
+            self._controlled += control != AUTO
             self.drafter.start_request(rid, st.prompt)
         if len(output_ids) <= len(st.output):
             return
@@ -164,15 +173,17 @@ class HVDStepper:
             self._append_rids, self._append_tokens = [], []  # taken even if the drafter refuses them
             self.drafter.append_batch(rids, tokens)
 
-    def finish(self, rid: str, final_output: Sequence[int] | None = None) -> None:
+    def finish(self, rid: str, final_output: Sequence[int] | None = None) -> dict | None:
         """The request ended: its response stays in the global cache; record its trace.
+        Returns the request's figures (request_control.figures; None: not tracked).
 
         ``final_output``: the response as returned, when the server cut tokens it had
         already accepted (a stop string, max_new_tokens inside an accepted run).
         """
         st = self._reqs.pop(rid, None)
         if st is None:
-            return
+            return None
+        self._controlled -= st.control != AUTO
         self._flush_appends()
         self.drafter.finish_request(rid)
         if final_output is not None and len(final_output) < len(st.output):
@@ -188,12 +199,26 @@ class HVDStepper:
                 steps=tuple(dataclasses.replace(s, accept_len=min(s.accept_len, len(st.output) - s.pos))
                             for s in st.steps if s.pos < len(st.output)),
             ))
+        return figures(st.control, st.counts)
 
     def running(self) -> list[str]:
         return list(self._reqs)
 
+    def swap_gate(self, gate: ServedScorer) -> None:
+        """Serve ``gate`` (checked by serving/gate_swap.py) from the next step on, with its
+        rule; the online calibration starts over (it learnt the old gate's errors), and
+        drafts the old gate judged are not labelled into it."""
+        self.gate = gate
+        self.rule = gate.rule
+        self._gate_error_logged = False
+        if self.calibration is not None:
+            self.calibration.reset()
+            for st in self._reqs.values():
+                st.labels.clear()
+
     def reset(self) -> None:
         self._reqs.clear()
+        self._controlled = 0
         self._append_rids, self._append_tokens = [], []
         self.drafter.reset()
 
@@ -223,8 +248,11 @@ class HVDStepper:
         if self.calibration is not None:
             calibrated = CalibrationInput(self.calibration, np.fromiter((s.bucket for s in states), np.int64,
                                                                         len(states)))
+        control = None
+        if self._controlled:
+            control = np.fromiter((s.control for s in states), np.int8, len(states))
         plans = decide(self.gate, arrays, [s.state for s in states], self.shape, self.rule, fallback=True, trees=trees,
-                       step=step, context_tokens=context, calibration=calibrated)
+                       step=step, context_tokens=context, calibration=calibrated, control=control)
         if calibrated is not None:
             self._queue_labels(states, arrays, plans.predicted, asked[0] if asked else None)
         if plans.tier is not None:
@@ -320,16 +348,20 @@ class HVDStepper:
         if len(st.output) < v.pos + a and not final:
             return  # its tokens have not arrived yet
         st.pending = None
-        stats = self.stats
+        stats, own = self.stats, st.counts
         stats.rows += 1
+        own["rows"] += 1
         record = self.recorder is not None
         cache = v.step.cache_lens[v.row]
         if not cache and not v.step.eagle_nodes[v.row]:
             stats.plain_rows += 1  # nothing drafted was verified: no trace step
+            own["plain_rows"] += 1
             return
         if not cache:
             stats.eagle3_rows += 1
             stats.eagle3_accepted += a
+            own["eagle3_verifies"] += 1
+            own["eagle3_accepted"] += a
             if self.eagle3_yield is not None:
                 self.eagle3_yield.observe(v.step.eagle_nodes[v.row], a + 1)
             if record:
@@ -338,6 +370,7 @@ class HVDStepper:
                 st.steps.append(TraceStep(pos=v.pos, src="eagle3", draft=draft, accept_len=min(a, len(draft))))
             return
         stats.cache_rows += 1
+        own["cache_rows"] += 1
         stats.two_branch_rows += v.step.eagle_nodes[v.row] > 0
         plans = v.step.plans
         tokens = plans.cache_tokens[v.row, :cache].tolist()
@@ -354,6 +387,7 @@ class HVDStepper:
             won = a == 0 or len(path) > 0
         if won:
             stats.cache_accepted += a
+            own["cache_accepted"] += a
             if record:
                 # a tree row is recorded as the branch the output took (its LCP with the output is the path)
                 draft = tuple(tokens) if path is None else branch(tokens, parents, path)
@@ -361,6 +395,8 @@ class HVDStepper:
         else:
             stats.eagle3_branch_wins += 1
             stats.eagle3_accepted += a
+            own["eagle3_verifies"] += 1
+            own["eagle3_accepted"] += a
             if record:
                 st.steps.append(TraceStep(pos=v.pos, src="eagle3", draft=tuple(emitted), accept_len=len(emitted)))
 
