@@ -3,8 +3,12 @@
 SGLang calls ``register()`` with no arguments in the launcher and in every spawned
 process. It does nothing unless SGLANG_HVD_ENABLE=1; then it installs one AROUND hook on
 ``SpeculativeAlgorithm.create_worker`` that returns the HVD worker class for EAGLE3 (after
-checking the sglang version and the server settings), and one AFTER hook that adds the
-worker's HVD statistics to ``/server_info``. Idempotent.
+checking the sglang version and the server settings), hooks that add the worker's HVD
+statistics to ``/server_info``, and the per-request control's two (request_control.py):
+a request's ``custom_params["hvd"]`` is checked where SGLang checks its sampling
+parameters (a bad value: HTTP 400), and its figures reach ``meta_info["hvd"]`` as one
+dict; and the three of the hot gate swap's endpoint ``POST /hvd/update_gate``
+(patches/gate_endpoint.py). Idempotent.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
 # ... and, where the HTTP server gathers them (one per DP rank), one more entry
 # {"hvd_total": ...}: the ranks' counts summed, rates recomputed (serving/status.py).
 TOTAL_TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.get_internal_state"
+# A request's custom_params["hvd"] is refused with its other sampling parameters (a 400).
+VERIFY_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
+# meta_info["hvd"] arrives as SGLang's per-token customized_info list: keep its last dict.
+META_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info"
 
 
 def create_worker_hook(original, algorithm, server_args, *args, **kwargs):
@@ -64,6 +72,26 @@ def add_hvd_total(original, *args, **kwargs):
     return gathered()
 
 
+def check_request_control(result, params, *args, **kwargs):
+    from sglang_hvd.request_control import control_of
+
+    control_of(getattr(params, "custom_params", None))  # raises ValueError: SGLang answers 400
+    return result
+
+
+def flatten_meta_info(result, manager, meta_info, *args, **kwargs):
+    from sglang_hvd.request_control import META_KEY
+
+    values = meta_info.get(META_KEY) if isinstance(meta_info, dict) else None
+    if isinstance(values, list):
+        figures = next((v for v in reversed(values) if isinstance(v, dict)), None)
+        if figures is None:  # another request of the batch carried figures, this one none (yet)
+            del meta_info[META_KEY]
+        else:
+            meta_info[META_KEY] = figures
+    return result
+
+
 def register() -> bool:
     """Install the hook when HVD is enabled; returns whether it (already) is installed."""
     global _registered
@@ -79,6 +107,13 @@ def register() -> bool:
     HookRegistry.register(TARGET, create_worker_hook, HookType.AROUND)
     HookRegistry.register(STATE_TARGET, add_hvd_state, HookType.AFTER)
     HookRegistry.register(TOTAL_TARGET, add_hvd_total, HookType.AROUND)
+    HookRegistry.register(VERIFY_TARGET, check_request_control, HookType.AFTER)
+    HookRegistry.register(META_TARGET, flatten_meta_info, HookType.AFTER)
+    from . import gate_endpoint as ge
+
+    HookRegistry.register(ge.INIT_TARGET, ge.add_route, HookType.AFTER)
+    HookRegistry.register(ge.UPDATER_TARGET, ge.route_swap_phase, HookType.AROUND)
+    HookRegistry.register(ge.PATH_INFO_TARGET, ge.keep_model_path, HookType.AROUND)
     _registered = True
     log.info("HVD plugin registered (gate %s)", config.gate)
     return True

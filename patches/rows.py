@@ -247,6 +247,23 @@ def rewrite_tree_rows(verify_input, packed: np.ndarray, mask_mode: int, staging:
     return changed_rows
 
 
+def cut_plain_rows(retrieve_next_token: torch.Tensor, packed: np.ndarray) -> int:
+    """Rows whose plan holds no draft node (L = 0 and M = 0: a request that asked for no
+    speculation, or a step without EAGLE3's draft that has no cache draft for the row)
+    lose their root's first-child link, so the verify accepts nothing there and the row
+    emits the target's own next token; returns how many rows. ``retrieve_next_token``
+    [bs, N] (every topk: SGLang's greedy and sampling verifies both walk it)."""
+    plain = np.flatnonzero((packed[:, 0] == 0) & (packed[:, 1] == 0))
+    if not len(plain):
+        return 0
+    if len(plain) == retrieve_next_token.shape[0]:
+        retrieve_next_token[:, 0] = -1
+    else:
+        rows = torch.from_numpy(plain).to(retrieve_next_token.device, non_blocking=True)
+        retrieve_next_token[rows, 0] = -1
+    return len(plain)
+
+
 class WideEagleVerifyInput(EagleVerifyInput):
     """An EagleVerifyInput whose rows may hold a chain of N-1 tokens (HVD cache rows): no
     new state, only the accept width (the rule of SGLang's NgramVerifyInput)."""

@@ -32,15 +32,18 @@ from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_hvd.cost_rule import CostRule
+from sglang_hvd.errors import HvdInputError
+from sglang_hvd.request_control import AUTO, META_KEY, control_of
 from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.factory import build_stepper
+from sglang_hvd.serving.gate_swap import ABORT, CHECK, COMMIT, load_candidate
 from sglang_hvd.serving.recorder import rank_path
 from sglang_hvd.serving.step_timing import ProfileRefiner
 from sglang_hvd.tiers import Tier, served_tiers
 from sglang_hvd.verify import VerifyShape
 
 from .checks import UnsupportedSetup
-from .rows import FULL_MASK, QLEN_ONLY, Staging, pack_plans, rewrite_tree_rows, substitute_chains, widen
+from .rows import FULL_MASK, QLEN_ONLY, Staging, cut_plain_rows, pack_plans, rewrite_tree_rows, substitute_chains, widen
 from .step_clock import HOST, VERIFY, StepClock
 from .tier_states import HVDDraftWorker, TierStates
 from .tp import broadcast_step
@@ -49,11 +52,36 @@ log = logging.getLogger("sglang_hvd")
 LOG_EVERY_S = 60.0  # a one-line HVD summary in the server log at most this often
 
 
+def _custom_params(req) -> dict | None:
+    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    return custom if isinstance(custom, dict) else None
+
+
 def request_source(req) -> str | None:
     """A request's calibration bucket: its sampling params' ``custom_params["hvd_source"]`` (a string), else None."""
-    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    source = custom.get("hvd_source") if isinstance(custom, dict) else None
+    custom = _custom_params(req)
+    source = custom.get("hvd_source") if custom is not None else None
     return source if isinstance(source, str) and source else None
+
+
+def request_control(req) -> int:
+    """A request's control (``custom_params["hvd"]``, request_control.py); auto for a value
+    the HTTP layer did not refuse (an engine caller's), with a warning."""
+    try:
+        return control_of(_custom_params(req))
+    except ValueError as e:
+        log.warning("HVD: request %s: %s; serving it as auto", getattr(req, "rid", "?"), e)
+        return AUTO
+
+
+def set_meta_info(req, figures: dict) -> None:
+    """The request's HVD figures into its response's ``meta_info["hvd"]``, through SGLang's
+    ``customized_info`` (per-token values: every token carries the same dict, so any
+    chunk of a stream that ends the request carries it; the plugin's hook on the
+    tokenizer manager keeps the last one, patches/plugin.py)."""
+    info = req.customized_info if isinstance(getattr(req, "customized_info", None), dict) else {}
+    info[META_KEY] = [figures] * (len(req.output_ids) + 1)
+    req.customized_info = info
 
 
 class HVDEagleWorkerV2(EAGLEWorkerV2):
@@ -112,6 +140,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                 self._hvd_clock = StepClock(self.device)
                 if self._draft_worker is not None:
                     self._draft_worker.hvd_clock = self._hvd_clock
+        self._hvd_candidate = None  # (gate dir, gate) checked by a swap's first phase (hvd_swap)
+        self._hvd_swaps = 0
         self._hvd_errors = 0
         self._hvd_error_logged = False
         self.hvd_step_us = 0.0
@@ -255,8 +285,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             return None
         rids = [req.rid for req in batch.reqs]
         for req in batch.reqs:
-            source = None if req.rid in self.hvd else request_source(req)
-            self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids, source)
+            if req.rid in self.hvd:
+                self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids)
+            else:
+                self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids, request_source(req), request_control(req))
             self._hvd_reqs[req.rid] = req
         self._hvd_collect_departed(set(rids))
         plans = self.hvd.plan(rids)
@@ -270,6 +302,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             substitute_chains(spec.draft_token, spec.draft_token_num, packed, self._hvd_staging)
         elif rewrite_tree_rows(spec, packed, self._hvd_mask_mode(), self._hvd_staging):
             widen(spec)
+        cut_plain_rows(spec.retrieve_next_token, packed)
 
     def _hvd_mask_mode(self) -> int:
         """The layout SGLang built this step's tree mask in (build_eagle_verify_input's rule)."""
@@ -306,7 +339,43 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             return
         self.hvd.sync(rid, req.origin_input_ids, req.output_ids)
         # output_ids may run past a stop or max_new_tokens inside the last accepted run.
-        self.hvd.finish(rid, getattr(req, "output_ids_through_stop", None))
+        figures = self.hvd.finish(rid, getattr(req, "output_ids_through_stop", None))
+        if figures is not None:
+            try:
+                set_meta_info(req, figures)
+            except Exception as e:  # figures are optional; the response is not
+                log.warning("HVD: no meta_info figures for request %s (%s)", rid, e)
+
+    # -- a hot gate swap (serving/gate_swap.py; patches/gate_endpoint.py drives it) ---------
+
+    def hvd_swap(self, phase: str, gate_dir: str) -> tuple[bool, str]:
+        """One phase of a gate swap on this rank: (passed, one line). Runs in the scheduler
+        between two steps."""
+        where = "" if self._hvd_dp_rank is None else f"DP rank {self._hvd_dp_rank}: "
+        if self.hvd is None:  # TP ranks > 0 serve rank 0's plans
+            return True, f"{where}TP rank {self._hvd_tp_rank} holds no gate"
+        if phase == CHECK:
+            self._hvd_candidate = None
+            try:
+                gate = load_candidate(self.hvd_config, self.hvd_shape, self.hvd.gate, gate_dir)
+            except HvdInputError as e:
+                log.warning("HVD gate swap refused: %s; gate %s keeps serving", e, self.hvd.gate.digest)
+                return False, f"{where}{e}"
+            self._hvd_candidate = (gate_dir, gate)
+            return True, f"{where}gate {gate.digest} checked"
+        if phase == COMMIT:
+            candidate, self._hvd_candidate = self._hvd_candidate, None
+            if candidate is None or candidate[0] != gate_dir:
+                return False, f"{where}no checked gate {gate_dir} to serve (check it first)"
+            old = self.hvd.gate.digest
+            self.hvd.swap_gate(candidate[1])
+            self._hvd_swaps += 1
+            log.info("HVD: now serving gate %s (digest %s, was %s)", gate_dir, self.hvd.gate.digest, old)
+            return True, f"{where}serving gate {self.hvd.gate.digest} (was {old})"
+        if phase == ABORT:
+            self._hvd_candidate = None
+            return True, f"{where}gate {self.hvd.gate.digest} keeps serving"
+        return False, f"{where}unknown gate swap phase {phase!r}"
 
     # -- SGLang's hooks ------------------------------------------------------------------
 
@@ -351,7 +420,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         out = {**stats, **gate, "step_errors": self._hvd_errors, "last_step_cpu_us": self.hvd_step_us,
                "dp_rank": self._hvd_dp_rank or 0, "tiers": [t.name for t in self.hvd_tiers],
                "tier_rule": self._hvd_tier_rule, "drafts_skipped": self._hvd_drafts_skipped,
-               "extends_skipped": self._hvd_extends_skipped,
+               "extends_skipped": self._hvd_extends_skipped, "gate_swaps": self._hvd_swaps,
                "tier_switches": self._hvd_tier_states.switches if self._hvd_tier_states is not None else 0,
                # requests HVD still tracks: 0 on an idle server, or some request leaks
                "tracked_requests": len(self._hvd_reqs),

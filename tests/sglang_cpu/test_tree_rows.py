@@ -24,6 +24,7 @@ from sglang_hvd.patches.rows import (  # noqa: E402
     QLEN_ONLY,
     WideEagleVerifyInput,
     cache_topology,
+    cut_plain_rows,
     pack_plans,
     rewrite_tree_rows,
     widen,
@@ -168,6 +169,31 @@ def test_greedy_verify_accepts_a_full_chain_only_with_the_wide_accept_width():
     assert accepted[1] == N - 1 and accept_index[1].tolist() == [N + j for j in range(N)]
     # Row 2: the cache branch's first token is wrong: EAGLE3's branch is accepted.
     assert accepted[2] >= 1 and accept_index[2, 1].item() == 2 * N + eagle_first
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_a_row_planned_with_no_draft_accepts_nothing_where_its_draft_was_right(topk):
+    """A request that asked for no speculation (L = 0, M = 0): even a draft the target
+    agrees with is not accepted; the row emits the target's token after the root."""
+    vi = build(QLEN_ONLY)
+    bs = 3
+    if topk == 1:  # SGLang's topk-1 rows: chains
+        for b in range(bs):
+            _, nxt, sib, _ = chain_reference(SEQ_LENS[b], QLEN_ONLY)
+            vi.retrieve_next_token[b], vi.retrieve_next_sibling[b] = nxt, sib
+    # the target agrees with every row's first child: each would accept >= 1 token
+    target = torch.full((bs, N), 7)
+    for b in range(bs):
+        target[b, 0] = vi.draft_token[b * N + vi.retrieve_next_token[b, 0]]
+    assert min(verify(vi, target)[0]) >= 1
+    packed = pack_plans(np.array([0, 0, 0]), np.array([N - 1, 0, 0]), np.full((bs, N - 1), -1))
+    packed[2, 1] = N - 1  # rows 0 and 2 keep EAGLE3's draft, row 1 has none
+    assert cut_plain_rows(vi.retrieve_next_token, packed) == 1
+    accepted, accept_index = verify(vi, target)
+    assert accepted[1] == 0 and accepted[0] >= 1 and accepted[2] >= 1
+    assert accept_index[1].tolist()[:2] == [N, -1]  # the root alone: its prediction is the emitted token
+    everything = pack_plans(np.zeros(bs, np.int64), np.zeros(bs, np.int64), np.full((bs, N - 1), -1))
+    assert cut_plain_rows(vi.retrieve_next_token, everything) == 3 and verify(vi, target)[0] == [0, 0, 0]
 
 
 def test_rewriting_a_corrupted_mask_would_be_caught():
