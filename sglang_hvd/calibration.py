@@ -18,7 +18,7 @@ bin's offset, clipped to [0, cap]. Guardrails:
   * one label moves a bin's offset by at most ``max_step`` tokens;
   * memory is bounded: ``max_buckets`` buckets of ``len(BIN_EDGES) + 1`` bins each (later
     sources share the last one, ``other``), and nothing else per label;
-  * ``reset()`` forgets everything (the server calls it when its gate changes).
+  * ``reset()`` forgets every offset and tally (the server calls it when its gate changes).
 
 Worked example (min_samples 2, min_rate 0.5, max_step 1): labels (predicted 1.2,
 realized 4) and (1.4, 4) fall in bin [1, 1.5). The first moves its offset from 0 toward
@@ -69,8 +69,11 @@ class OnlineCalibration:
         self.reset()
 
     def reset(self) -> None:
+        """Forget what was learned (a new gate); the sources keep their buckets (live
+        requests hold their ids)."""
         k, bins = self.config.max_buckets, len(BIN_EDGES) + 1
-        self._names: dict[str, int] = {}
+        if not hasattr(self, "_names"):
+            self._names: dict[str, int] = {}
         self._count = np.zeros((k, bins), np.int64)
         self._offset = np.zeros((k, bins), np.float64)
         # per bucket (the report): labels, sums of predicted, realized, |served - realized|, |pred - realized|

@@ -65,6 +65,7 @@ def test_reset_nan_cap_and_bounded_buckets():
     assert cal.apply(np.array([20.0]), np.array([0]))[0] == 3.0
     cal.reset()  # a new gate: nothing learned holds
     assert cal.apply(np.array([2.5]), np.array([0]))[0] == 2.5 and cal.summary() == {}
+    assert cal.bucket("a") == 0  # the sources keep their buckets (live requests hold the ids)
 
 
 @pytest.mark.parametrize("kwargs, message", [
