@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from sglang_hvd.cli.common import (
     GATE_FOLDER,
     MAX_EPOCHS,
@@ -148,22 +150,9 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError(f"hvd train needs the train extra ({e.name} is missing): pip install '.[train]' in the "
                             "sglang-hvd checkout (on a CPU machine, pip install torch==2.13.0 first)") from None
     opts = _options(args, TrainConfig, TrainOptions)  # every flag checked before any work
-    tokenizer = ChatTokenizer(resolve_tokenizer_dir(args.tokenizer))
     report = ReadReport()
     records = list(single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report)))
-    if not records:
-        raise HvdInputError("no trace records to train on")
-    if records[0].tokenizer.digest != tokenizer.identity.digest:
-        t = records[0].tokenizer
-        raise HvdInputError(f"the traces were tokenized with {t.name}@{t.digest}, but --tokenizer {args.tokenizer} is "
-                            f"{tokenizer.identity.name}@{tokenizer.identity.digest}; "
-                            "pass the tokenizer used by `hvd import`")
-    flags = tokenizer.token_flags()
-    for r in records:  # the digest matched; ids past its vocabulary mean edited or foreign traces
-        top = int(max(r.prompt_ids.max(initial=0), r.output_ids.max(initial=0)))
-        if top >= len(flags):
-            raise HvdInputError(f"request {r.req_id}: token id {top} is beyond the vocabulary of --tokenizer "
-                                f"{args.tokenizer} ({len(flags):,} ids); re-import the conversations with it")
+    tokenizer, flags = check_tokenizer(records, args.tokenizer)
     try:
         metrics = train_gate(records, flags, tokenizer.identity, args.output, opts)
     except ValueError as e:
@@ -198,6 +187,26 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, metrics)
     return 0
+
+
+def check_tokenizer(records, tokenizer_arg: str) -> tuple[ChatTokenizer, np.ndarray]:
+    """The tokenizer of ``--tokenizer`` and its token flags, after checking that the
+    records (one tokenizer already) were tokenized with it and hold only its ids."""
+    if not records:
+        raise HvdInputError("no trace records to train on")
+    tokenizer = ChatTokenizer(resolve_tokenizer_dir(tokenizer_arg))
+    if records[0].tokenizer.digest != tokenizer.identity.digest:
+        t = records[0].tokenizer
+        raise HvdInputError(f"the traces were tokenized with {t.name}@{t.digest}, but --tokenizer {tokenizer_arg} is "
+                            f"{tokenizer.identity.name}@{tokenizer.identity.digest}; "
+                            "pass the tokenizer used by `hvd import`")
+    flags = tokenizer.token_flags()
+    for r in records:  # the digest matched; ids past its vocabulary mean edited or foreign traces
+        top = int(max(r.prompt_ids.max(initial=0), r.output_ids.max(initial=0)))
+        if top >= len(flags):
+            raise HvdInputError(f"request {r.req_id}: token id {top} is beyond the vocabulary of --tokenizer "
+                                f"{tokenizer_arg} ({len(flags):,} ids); re-import the conversations with it")
+    return tokenizer, flags
 
 
 def _options(args: argparse.Namespace, train_config: type, train_options: type):

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "eval": ("sglang_hvd.cli.eval", "evaluate a gate against greedy, EAGLE3, cache-only, the rule and the oracle"),
     "status": ("sglang_hvd.cli.status", "HVD figures and gate of running servers, per DP rank and in total"),
     "profile": ("sglang_hvd.cli.profile", "measure a step-time profile on a running server (cost-aware verification)"),
+    "adapt": (None, "retrain the gate from a server's recorded traffic; swap it in if replay says it is better"),
 }
 
 

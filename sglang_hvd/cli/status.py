@@ -54,6 +54,32 @@ def server_info(url: str, timeout_s: float) -> dict:
         raise HvdInputError(f"{target}: the answer is not JSON; is this an SGLang server?") from None
 
 
+def update_gate(url: str, gate_dir: str, timeout_s: float = 300.0) -> tuple[bool, str]:
+    """``POST URL/hvd/update_gate`` (a hot gate swap, patches/gate_endpoint.py): (swapped on
+    every rank, the server's one-line answer). Raises HvdInputError when the server
+    cannot be reached or has no such endpoint."""
+    target = url.rstrip("/") + "/hvd/update_gate"
+    req = urllib.request.Request(target, data=json.dumps({"gate_path": gate_dir}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        try:
+            body = json.loads(e.read())
+        except ValueError:
+            body = None
+        if e.code == 404 or not isinstance(body, dict):
+            raise HvdInputError(f"{target}: HTTP {e.code}; is this an HVD server (sglang_hvd.launch_server, "
+                                "or SGLANG_HVD_ENABLE=1)?") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
+        raise HvdInputError(f"{target}: unreachable ({getattr(e, 'reason', e)}); "
+                            "check the URL and that the server is up") from None
+    except json.JSONDecodeError:
+        raise HvdInputError(f"{target}: the answer is not JSON; is this an HVD server?") from None
+    return bool(body.get("success")), str(body.get("message", ""))
+
+
 @cli_entry("status", build_parser)
 def main(args: argparse.Namespace) -> int:
     status = fleet_status([(url, server_info(url, args.timeout)) for url in args.servers])

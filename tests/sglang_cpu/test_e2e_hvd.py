@@ -6,11 +6,14 @@ Servers (one at a time, ~40 s to start each): the tiny random Llama target, with
   eagle3      plain EAGLE3 with a random draft (accept length ~1)
   hvd         EAGLE3 + HVD through the plugin's environment variables (what `sglang serve`
               users set), recording traces, the gate's threshold forced to -1 so that every
-              non-empty cache draft is verified (a deterministic mixed batch)
+              non-empty cache draft is verified (a deterministic mixed batch); then one batch
+              with a per-request `hvd` control each (off, auto, cache, eagle3)
   hvd_broken  EAGLE3 + HVD through `python -m sglang_hvd.launch_server`, with a gate that
               loads but fails at run time on every batch size but 2
   hvd_dp2     HVD with data parallelism (--dp-size 2: two schedulers, each its own HVD
-              worker, global cache and recorder file), every cache draft verified
+              worker, global cache and recorder file), every cache draft verified (a gate
+              whose own threshold is -1); then its gate is swapped under load (POST
+              /hvd/update_gate) and `hvd adapt` retrains it from the recorded traffic
   hvd_tp2     HVD with tensor parallelism (--tp-size 2 over gloo, tests/sglang_cpu shim):
               rank 0 decides, both ranks verify its rows; every cache draft verified;
               recording, so its decisions are compared with hvd's (TP 1)
@@ -23,6 +26,7 @@ global cache, so its cache drafts are right: accept lengths near the maximum.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 
@@ -77,12 +81,14 @@ def qwen_gate(qwen_gates) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
+def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, qwen_gates, tmp_path_factory):
     """Serve PROMPTS twice on each server; keep responses, server info and logs."""
     m = sglang_cpu_models
     work = tmp_path_factory.mktemp("hvd_e2e")
     eagle = harness.eagle3_args(m.llama_draft, topk=1, steps=3)
     broken = faulty_gate(qwen_gate, str(work / "broken_gate"), works_only_at=2)
+    # the gate with its own threshold -1: every cache draft verified, no --hvd-threshold (which a swap would keep)
+    every = _gate_copy(qwen_gate, work / "gate_every", decision={"threshold": -1.0})
     configs = {
         "reference": dict(extra_args=[]),
         "eagle3": dict(extra_args=eagle),
@@ -94,14 +100,14 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
                          "SGLANG_HVD_RECORD_TRACES": str(work / "served.jsonl")}),
         "hvd_broken": dict(extra_args=eagle + ["--hvd-gate", broken], launcher="sglang_hvd.launch_server"),
         # SGLang's CPU path binds each rank to a NUMA node unless told which cores to use.
-        "hvd_dp2": dict(extra_args=eagle + ["--dp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1",
+        "hvd_dp2": dict(extra_args=eagle + ["--dp-size", "2", "--hvd-gate", every,
                                             "--hvd-record-traces", str(work / "dp.jsonl")],
                         launcher="sglang_hvd.launch_server", env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}),
         "hvd_tp2": dict(extra_args=eagle + ["--tp-size", "2", "--hvd-gate", qwen_gate, "--hvd-threshold", "-1",
                                             "--hvd-drafter", "native", "--hvd-record-traces", str(work / "tp2.jsonl")],
                         launcher="sglang_hvd.launch_server", env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}),
     }
-    out = {"work": work}
+    out = {"work": work, "gate_every": every}
     for name, cfg in configs.items():
         server = sglang_server_factory(m.llama, **cfg)
         try:
@@ -109,6 +115,7 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
                 for p in SEQUENTIAL:
                     server.generate(**p)
             rounds = [server.generate_many(PROMPTS) for _ in range(2)]
+            info = server.server_info()
             extra = {}
             if name == "hvd":
                 import time
@@ -119,15 +126,120 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, tmp_path_factory):
                 extra["metrics"] = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
                 extra["collect"] = _collect(server, work)
                 extra["frontend"] = _frontend(server.url)
+                extra["control"] = _per_request_control(server)
             if name == "hvd_dp2":
                 extra["status"] = _hvd(["status", server.url, "--json", str(work / "status.json")])
+                extra["swap"] = _swap_under_load(server, qwen_gate, work)
+                extra["adapt"] = _adapt(server, qwen_gates.root, extra["swap"]["other"], work)
             if name == "reference":
                 extra["frontend"] = _frontend(server.url)
-            out[name] = dict(rounds=rounds, info=server.server_info(), log=server.log_path, **extra)
+            out[name] = dict(rounds=rounds, info=info, log=server.log_path, **extra)
         finally:
             server.stop()
     out["router"] = _behind_router(sglang_server_factory, m.llama, configs["hvd"], work)
     return out
+
+
+def _gate_copy(gate: str, where, **changes) -> str:
+    """A copy of ``gate`` with gate.json's parts changed (``decision`` / ``drafter`` dicts merged)."""
+    import shutil
+
+    shutil.copytree(gate, where)
+    spec = json.loads((where / "gate.json").read_text())
+    for part, values in changes.items():
+        spec[part].update(values)
+    (where / "gate.json").write_text(json.dumps(spec))
+    return str(where)
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _swap_under_load(server, gate: str, work) -> dict:
+    """Two clients send PROMPTS throughout while the gate is swapped to a copy that never
+    verifies a cache draft (threshold 1e6: another digest, the same shape and drafter;
+    a stand-in for a gate trained elsewhere that undervalues this traffic's cache drafts),
+    then refused swaps: a gate of other drafter settings, a missing directory, no body."""
+    import threading
+    import time
+
+    other = _gate_copy(gate, work / "gate_never", decision={"threshold": 1e6})
+    wrong = _gate_copy(gate, work / "gate_depth", drafter={"max_depth": 7})
+    stop, batches, errors = threading.Event(), [], []
+
+    def client():
+        while not stop.is_set():
+            try:
+                batches.append(server.generate_many(PROMPTS))
+            except Exception as e:  # the test reports it
+                errors.append(repr(e))
+
+    clients = [threading.Thread(target=client) for _ in range(2)]
+    for t in clients:
+        t.start()
+    try:
+        time.sleep(3)
+        swapped = _post(server.url + "/hvd/update_gate", {"gate_path": other})
+        time.sleep(3)
+        refused = [_post(server.url + "/hvd/update_gate", body)
+                   for body in ({"gate_path": wrong}, {"gate_path": str(work / "no_such_gate")}, {})]
+        time.sleep(1)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(timeout=300)
+    status = _hvd(["status", server.url, "--json", str(work / "status_swap.json")])
+    return dict(other=other, swapped=swapped, refused=refused, batches=batches, errors=errors, status=status,
+                info=server.server_info())
+
+
+def _adapt(server, gates_root: str, serving: str, work) -> dict:
+    """``hvd adapt`` over the ranks' recorded traces, the gates' synthetic set as the base."""
+    from sglang_hvd.harness.tiny_models import qwen_tokenizer_dir
+
+    recorded = [str(work / f"dp.dp{k}.jsonl") for k in (0, 1)]
+    done = _hvd(["adapt", *recorded, "--url", server.url, "--gate", serving, "--base",
+                 os.path.join(gates_root, "data", "t.jsonl"), "--tokenizer", qwen_tokenizer_dir(), "-o",
+                 str(work / "adapted"), "--held-back", "0.4", "--epochs", "4", "--concurrency", "4", "--json",
+                 str(work / "adapt.json")])
+    return dict(done=done, report=json.loads((work / "adapt.json").read_text()) if done.returncode == 0 else None,
+                gate=str(work / "adapted"), info=server.server_info())
+
+
+CONTROLS = ["off", "auto", "cache", "eagle3", "off", "auto", "off"]  # one per PROMPTS entry
+
+
+def _per_request_control(server) -> dict:
+    """PROMPTS once more, each with its ``hvd`` control, in one batch; /server_info's
+    figures before and after; and refused values (native and OpenAI APIs)."""
+    def hvd_block():
+        return [s["hvd"] for s in server.server_info()["internal_states"] if "hvd" in s][0]
+
+    before = hvd_block()
+    responses = server.generate_many([dict(p, sampling_params={"custom_params": {"hvd": c}})
+                                      for p, c in zip(PROMPTS, CONTROLS)])
+    after = hvd_block()
+    refused = []
+    for path, body in (("/generate", {"input_ids": PROMPTS[0]["input_ids"],
+                                      "sampling_params": {"max_new_tokens": 4, "custom_params": {"hvd": "sometimes"}}}),
+                       ("/v1/completions", {"model": "default", "prompt": PROMPTS[0]["input_ids"], "max_tokens": 4,
+                                            "custom_params": {"hvd": 3}})):
+        try:
+            server.request(path, body)
+            refused.append("accepted")
+        except RuntimeError as e:
+            refused.append(str(e).split("--- server log tail")[0])
+    return dict(responses=responses, before=before, after=after, refused=refused)
 
 
 def _behind_router(factory, model: str, hvd: dict, work) -> dict:
@@ -256,7 +368,8 @@ def test_data_parallel_ranks_each_run_hvd_and_record_their_own_file(runs, qwen_g
     (total,) = [s["hvd_total"] for s in states if "hvd_total" in s]
     assert total["ranks"] == 2 and total["steps"] == sum(h["steps"] for h in stats) > 0
     assert total["rows"] == sum(h["rows"] for h in stats)
-    assert all(h["steps"] > 0 and h["step_errors"] == 0 and h["gate_digest"] == Gate(qwen_gate).digest for h in stats)
+    every = Gate(runs["gate_every"]).digest
+    assert all(h["steps"] > 0 and h["step_errors"] == 0 and h["gate_digest"] == every for h in stats)
     # One file per rank, never one file appended by two processes.
     work = runs["work"]
     assert not (work / "dp.jsonl").exists()
@@ -269,6 +382,46 @@ def test_data_parallel_ranks_each_run_hvd_and_record_their_own_file(runs, qwen_g
     assert "one gate: digest" in done.stdout and "on 2 rank(s)" in done.stdout
     totals = json.loads((work / "status.json").read_text())["totals"]
     assert totals["steps"] == sum(h["steps"] for h in stats) and totals["ranks"] == 2
+
+
+def test_a_gate_swapped_under_load_loses_nothing_and_a_refused_swap_keeps_the_gate(runs):
+    from sglang_hvd.gate import Gate
+
+    got = runs["hvd_dp2"]["swap"]
+    want = _tokens(runs["reference"], 0)
+    assert got["errors"] == [] and len(got["batches"]) >= 4
+    assert all([r["output_ids"] for r in batch] == want for batch in got["batches"])  # every output unchanged
+    code, body = got["swapped"]
+    new = Gate(got["other"]).digest
+    assert new != Gate(runs["gate_every"]).digest
+    assert code == 200 and body["success"] and body["message"].count(f"serving gate {new}") == 2, body  # both ranks
+    (depth, missing, empty) = got["refused"]
+    assert depth[0] == 400 and not depth[1]["success"]
+    assert "its cache drafter settings differ from the served gate's: max_depth 7 (served: 64)" in depth[1]["message"]
+    assert missing[0] == 400 and "no such gate directory" in missing[1]["message"]
+    assert empty[0] == 400 and 'send {"gate_path": "DIR"}' in empty[1]["message"]
+    stats = [s["hvd"] for s in got["info"]["internal_states"] if "hvd" in s]
+    assert [h["gate_digest"] for h in stats] == [new, new] and [h["gate_swaps"] for h in stats] == [1, 1]
+    assert all(h["gate_threshold"] == 1e6 and h["step_errors"] == 0 for h in stats)  # the new gate's own rule
+    done = got["status"]
+    assert done.returncode == 0 and f"one gate: digest {new}" in done.stdout, done.stdout + done.stderr
+
+
+def test_hvd_adapt_trains_on_recorded_traffic_and_pushes_a_gate_replay_scores_better(runs):
+    from sglang_hvd.gate import Gate
+
+    got = runs["hvd_dp2"]["adapt"]
+    done = got["done"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = got["report"]
+    assert report["pushed"] and report["better"] and report["held_back_requests"] >= 8
+    serving, candidate = report["serving"], report["candidate"]
+    assert candidate["cycles_per_1k"] < serving["cycles_per_1k"], report  # both figures reported
+    assert serving["cache_pick_rate"] == 0.0 < candidate["cache_pick_rate"]  # the serving gate never picks the cache
+    new = Gate(got["gate"]).digest
+    assert candidate["digest"] == new and f"pushed {new}" in done.stdout
+    stats = [s["hvd"] for s in got["info"]["internal_states"] if "hvd" in s]
+    assert [h["gate_digest"] for h in stats] == [new, new] and [h["gate_swaps"] for h in stats] == [2, 2]
 
 
 def test_tensor_parallel_ranks_verify_rank_0s_rows(runs):
@@ -335,6 +488,30 @@ def test_cache_drafts_lift_accept_length_when_the_cache_knows_the_answer(runs):
     # with one verify it (most of round 2).
     assert 0.1 < stats[0]["cache_pick_rate"] < 0.9
     assert stats[0]["cache_mean_accept"] > 1.5 > stats[0]["eagle3_mean_accept"]
+
+
+def test_per_request_control_off_rows_verify_nothing_beside_speculating_rows(runs):
+    got = runs["hvd"]["control"]
+    assert [r["output_ids"] for r in got["responses"]] == _tokens(runs["reference"], 0)  # lossless, every control
+    meta = [r["meta_info"]["hvd"] for r in got["responses"]]
+    assert [m["mode"] for m in meta] == CONTROLS
+    for m, p in zip(meta, PROMPTS):
+        # each row emits its accepted tokens and one more (the last may run past max_new_tokens)
+        assert 0 < m["rows"] <= p["max_new_tokens"] - 1 <= m["rows"] + m["cache_accepted"] + m["eagle3_accepted"], m
+    off = [m for m in meta if m["mode"] == "off"]
+    assert all(m["plain_rows"] == m["rows"] and m["cache_rows"] == m["eagle3_verifies"] == 0 for m in off)
+    assert all(m["rows"] == m["eagle3_verifies"] and m["cache_rows"] == 0 for m in meta if m["mode"] == "eagle3")
+    assert all(m["eagle3_verifies"] == 0 for m in meta if m["mode"] == "cache")
+    # the same batch: the other requests did speculate (every cache draft is verified at threshold -1)
+    assert sum(m["cache_rows"] + m["eagle3_verifies"] for m in meta if m["mode"] != "off") > 0
+    assert sum(m["cache_rows"] for m in meta if m["mode"] == "auto") > 0
+    # the requests' own figures add up to the server's
+    before, after = got["before"], got["after"]
+    for key in ("rows", "plain_rows", "cache_rows", "cache_accepted", "eagle3_verifies", "eagle3_accepted"):
+        assert sum(m[key] for m in meta) == after[key] - before[key], key
+    assert after["tracked_requests"] == 0
+    for message in got["refused"]:
+        assert "HTTP 400" in message and "must be one of auto, off, cache, eagle3" in message, message
 
 
 def test_prometheus_metrics_carry_hvd_gauges(runs):
