@@ -47,15 +47,57 @@ def sglang_cpu_models(tmp_path_factory) -> SimpleNamespace:
     return paths
 
 
-class ServerFactory:
-    """``factory(model_dir, extra_args=[...], env={...})`` starts a server (see
-    ``harness.start_server``); every server it started is stopped at teardown."""
+class SharedServer:
+    """A plain server shared by the whole session: ``stop()`` leaves it running (the
+    session stops it); everything else is the server's."""
+
+    def __init__(self, server: harness.SGLangServer):
+        self._server = server
+
+    def __getattr__(self, name):
+        return getattr(self._server, name)
+
+    def stop(self) -> None:
+        pass
+
+
+class SharedServers:
+    """One plain (non-speculative) server per model, started on first use and kept for
+    the session: the reference several modules compare against (each start costs 30-90 s
+    on 2 cores; an idle server sleeps, BASE_ARGS' --sleep-on-idle). Each use starts from
+    an empty prefix cache (``/flush_cache``), as a fresh server would."""
 
     def __init__(self, log_dir: str):
         self.log_dir = log_dir
+        self.servers: dict[str, harness.SGLangServer] = {}
+
+    def get(self, model_dir: str) -> SharedServer:
+        server = self.servers.get(model_dir)
+        if server is None:
+            server = self.servers[model_dir] = harness.start_server(model_dir, None, None, log_dir=self.log_dir)
+        else:
+            server.request("/flush_cache")
+        return SharedServer(server)
+
+    def stop_all(self) -> None:
+        while self.servers:
+            self.servers.popitem()[1].stop()
+
+
+class ServerFactory:
+    """``factory(model_dir, extra_args=[...], env={...})`` starts a server (see
+    ``harness.start_server``); every server it started is stopped at teardown. A plain
+    server (no arguments, environment or launcher of its own) is the session's shared
+    one (SharedServers)."""
+
+    def __init__(self, log_dir: str, shared: SharedServers | None = None):
+        self.log_dir = log_dir
+        self.shared = shared
         self.servers: list[harness.SGLangServer] = []
 
     def __call__(self, model_dir: str, extra_args: list[str] | None = None, env: dict | None = None, **kwargs):
+        if self.shared is not None and not extra_args and not env and not kwargs:
+            return self.shared.get(model_dir)
         server = harness.start_server(model_dir, extra_args, env, log_dir=self.log_dir, **kwargs)
         self.servers.append(server)
         return server
@@ -65,13 +107,20 @@ class ServerFactory:
             self.servers.pop().stop()
 
 
+@pytest.fixture(scope="session")
+def sglang_shared_servers(sglang_cpu_log_dir):
+    shared = SharedServers(sglang_cpu_log_dir)
+    yield shared
+    shared.stop_all()
+
+
 @pytest.fixture(scope="module")
-def sglang_server_factory(sglang_cpu_log_dir):
-    """Module-scoped: servers live until the module's tests are done."""
+def sglang_server_factory(sglang_cpu_log_dir, sglang_shared_servers):
+    """Module-scoped: servers live until the module's tests are done (plain ones: the session's)."""
     reason = harness.sglang_available()
     if reason:
         pytest.skip(reason)
-    factory = ServerFactory(sglang_cpu_log_dir)
+    factory = ServerFactory(sglang_cpu_log_dir, sglang_shared_servers)
     yield factory
     factory.stop_all()
 
