@@ -34,7 +34,6 @@ from sglang_hvd.cli.common import (
     declare_outputs,
     float_in,
     int_in,
-    positive_int,
     seconds,
     seed,
 )
@@ -77,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--held-back", type=held_back_share, default=0.2, metavar="F",
                    help="fraction of each recorded file, its most recent requests, kept for the comparison "
                         "(default: %(default)s)")
-    p.add_argument("--concurrency", type=positive_int, default=8, metavar="C",
+    p.add_argument("--concurrency", type=int_in(1, 4096), default=8, metavar="C",
                    help="requests replayed at once in the comparison (default: %(default)s)")
     p.add_argument("--min-gain", type=gain_share, default=0.0, metavar="F",
                    help="push only if the candidate's cycles per 1k tokens are below the serving gate's by this "

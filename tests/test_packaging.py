@@ -153,9 +153,10 @@ def test_commands_and_the_launcher_outside_the_core_are_entry_points():
 
     train = {ep.name: ep.value for ep in metadata.entry_points(group="sglang_hvd.commands")}
     launchers = {ep.name: ep.value for ep in metadata.entry_points(group="sglang_hvd.launchers")}
-    assert train == {"train": "sglang_hvd.predictor.train_cli:main"}
+    assert train == {"train": "sglang_hvd.predictor.train_cli:main", "adapt": "sglang_hvd.predictor.adapt_cli:main"}
     assert launchers == {"launch_server": "sglang_hvd.patches.launch:main"}
     assert command("train").__module__ == "sglang_hvd.predictor.train_cli"
+    assert command("adapt").__module__ == "sglang_hvd.predictor.adapt_cli"
 
 
 def test_the_serving_runtime_never_imports_replay():
