@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
+import json
 import os
+import threading
 
 import pytest
 
@@ -90,3 +93,27 @@ def demo_dir(tmp_path_factory) -> str:
     assert main(["demo", "-o", out, "--sessions", "80", "--seed", "3", "--epochs", "20", "--json",
                  os.path.join(out, "demo.json")]) == 0
     return out
+
+
+@pytest.fixture
+def fake_servers():
+    """Two HTTP servers answering /server_info with the payloads put in ``answers``."""
+    answers: list[dict] = [{}, {}]
+    servers = []
+    for k in range(2):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self, k=k):
+                body = json.dumps(answers[k]).encode() if self.path == "/server_info" else b"{}"
+                self.send_response(200 if self.path == "/server_info" else 404)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+    yield answers, [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+    for s in servers:
+        s.shutdown()

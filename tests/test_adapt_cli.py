@@ -3,10 +3,7 @@ loop on a real server: tests/sglang_cpu/test_e2e_hvd.py)."""
 
 from __future__ import annotations
 
-import http.server
-import json
 import os
-import threading
 
 import pytest
 
@@ -19,25 +16,12 @@ from sglang_hvd.trace import ReadReport, iter_traces  # noqa: E402
 
 
 @pytest.fixture
-def fake_server():
+def fake_server(fake_servers):
     """``(url, states)``: /server_info answers ``{"internal_states": states}`` (set by the test)."""
+    answers, urls = fake_servers
     states: list = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"internal_states": states}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", states
-    server.shutdown()
+    answers[0]["internal_states"] = states
+    return urls[0], states
 
 
 def hvd_block(digest: str, threshold=1.0) -> dict:
@@ -68,9 +52,9 @@ def test_the_gate_given_must_be_the_one_the_server_serves(demo_dir, fake_server,
 
 @pytest.mark.parametrize("flag, value", [("--held-back", "1"), ("--held-back", "nan"), ("--min-gain", "inf"),
                                          ("--concurrency", "0"), ("--epochs", "0")])
-def test_bad_numbers_are_refused_before_any_work(demo_dir, fake_server, tmp_path, capsys, flag, value):
-    with pytest.raises(SystemExit) as e:
-        run(demo_dir, fake_server[0], tmp_path, flag, value)
+def test_bad_numbers_are_refused_before_any_work(demo_dir, tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as e:  # argparse: no server is asked
+        run(demo_dir, "http://127.0.0.1:9", tmp_path, flag, value)
     assert e.value.code == 2 and flag in capsys.readouterr().err
 
 

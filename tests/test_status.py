@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 
 import pytest
 
@@ -49,30 +47,6 @@ def test_a_replica_on_another_gate_or_without_hvd_is_named():
                       ("s3", {"internal_states": [{"avg_spec_accept_length": 2.0}]})])
     assert not s.consistent and s.servers_without_hvd == ("s3",)
     assert s.disagreements == ("gate_digest: ab12 (s1 rank 0) != ff00 (s2 rank 0)",)
-
-
-@pytest.fixture
-def fake_servers():
-    """Two HTTP servers answering /server_info with the payloads put in ``answers``."""
-    answers: list[dict] = [{}, {}]
-    servers = []
-    for k in range(2):
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self, k=k):
-                body = json.dumps(answers[k]).encode() if self.path == "/server_info" else b"{}"
-                self.send_response(200 if self.path == "/server_info" else 404)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-    yield answers, [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
-    for s in servers:
-        s.shutdown()
 
 
 def test_status_prints_ranks_and_totals_and_fails_on_two_gates(fake_servers, tmp_path, capsys):
