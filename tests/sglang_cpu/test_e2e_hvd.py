@@ -413,6 +413,7 @@ def test_hvd_adapt_trains_on_recorded_traffic_and_pushes_a_gate_replay_scores_be
     got = runs["hvd_dp2"]["adapt"]
     done = got["done"]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    print(done.stdout)  # both figures (docs/results.md "Adapting the gate")
     report = got["report"]
     assert report["pushed"] and report["better"] and report["held_back_requests"] >= 8
     serving, candidate = report["serving"], report["candidate"]
