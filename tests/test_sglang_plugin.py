@@ -242,8 +242,40 @@ def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
     w.hvd_tiers, w._hvd_tier_rule, w._hvd_tier_states = (Tier(shape),), "static", None
     w._hvd_packed, w._hvd_drafts_skipped, w._hvd_extends_skipped, w._hvd_step_shape = None, 0, 0, None
     w._hvd_clock = w._hvd_timings = w._hvd_refiner = None
+    w._hvd_candidate, w._hvd_swaps = None, 0
     w._draft_worker = types.SimpleNamespace(hvd_skip_draft=False)
     return w
+
+
+def test_a_gate_swap_serves_the_checked_gate_only_after_its_commit(demo_dir, tmp_path):
+    """The worker's three phases (patches/gate_endpoint.py drives them over every rank)."""
+    import shutil
+
+    from sglang_hvd.serving.gate_swap import ABORT, CHECK, COMMIT
+    from sglang_hvd.verify import VerifyShape
+
+    w = _bare_worker(demo_dir, tmp_path, shape=VerifyShape(4, 3, 16))
+    old = w.hvd.gate.digest
+    other, deep = tmp_path / "other", tmp_path / "deep"
+    for where, part, values in ((other, "decision", {"threshold": 0.5}), (deep, "drafter", {"max_depth": 9})):
+        shutil.copytree(os.path.join(demo_dir, "gate"), where)
+        spec = json.loads((where / "gate.json").read_text())
+        spec[part].update(values)
+        (where / "gate.json").write_text(json.dumps(spec))
+    assert w.hvd_swap(COMMIT, str(other)) == (False, f"no checked gate {other} to serve (check it first)")
+    passed, message = w.hvd_swap(CHECK, str(deep))
+    assert not passed and "max_depth 9 (served: 64)" in message and w.hvd.gate.digest == old
+    passed, message = w.hvd_swap(CHECK, str(other))
+    assert passed and w.hvd.gate.digest == old  # checked, not served yet
+    assert w.hvd_swap(ABORT, str(other)) == (True, f"gate {old} keeps serving")
+    assert w.hvd_swap(COMMIT, str(other))[0] is False  # the abort dropped it
+    assert w.hvd_swap(CHECK, str(other))[0]
+    passed, message = w.hvd_swap(COMMIT, str(other))
+    new = w.hvd.gate.digest
+    assert passed and new != old and message == f"serving gate {new} (was {old})"
+    assert w.hvd.threshold == 0.5 and w.hvd_stats()["gate_swaps"] == 1 and w.hvd_stats()["gate_digest"] == new
+    tp1 = _bare_worker(demo_dir, tmp_path, shape=VerifyShape(4, 3, 16), rank=1, tp_size=2)
+    assert tp1.hvd_swap(CHECK, str(other)) == (True, "TP rank 1 holds no gate")
 
 
 @pytest.fixture
