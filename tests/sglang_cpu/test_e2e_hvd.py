@@ -18,7 +18,7 @@ Servers (one at a time, ~40 s to start each): the tiny random Llama target, with
               rank 0 decides, both ranks verify its rows; every cache draft verified;
               recording, so its decisions are compared with hvd's (TP 1)
   router      two HVD servers (as hvd, without recording) behind sglang-router's
-              cache-aware policy
+              cache-aware policy (the `full` tests: `bash tests/run --sglang --full`)
 Every prompt is sent twice; the second round finds the first round's responses in the
 global cache, so its cache drafts are right: accept lengths near the maximum.
 """
@@ -136,8 +136,14 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, qwen_gates, tmp_pa
             out[name] = dict(rounds=rounds, info=info, log=server.log_path, **extra)
         finally:
             server.stop()
-    out["router"] = _behind_router(sglang_server_factory, m.llama, configs["hvd"], work)
+    out["hvd_config"] = configs["hvd"]
     return out
+
+
+@pytest.fixture(scope="module")
+def router(sglang_server_factory, sglang_cpu_models, runs) -> dict:
+    """The router's servers (the `full` tests only: four server starts)."""
+    return _behind_router(sglang_server_factory, sglang_cpu_models.llama, runs["hvd_config"], runs["work"])
 
 
 def _gate_copy(gate: str, where, **changes) -> str:
@@ -454,9 +460,9 @@ def test_tensor_parallel_decisions_equal_tp_1s(runs):
     assert sum(src == "cache" for _, steps in tp1 for _, src, _, _ in steps) > 0
 
 
-def test_two_hvd_servers_behind_the_router_serve_losslessly_on_one_gate(runs):
+@pytest.mark.full
+def test_two_hvd_servers_behind_the_router_serve_losslessly_on_one_gate(runs, router):
     want = _tokens(runs["reference"], 0)
-    router = runs["router"]
     assert _tokens(router, 0) == want and _tokens(router, 1) == want, router["log"]
     stats = [[s["hvd"] for s in info["internal_states"] if "hvd" in s][0] for info in router["infos"]]
     assert sum(h["rows"] for h in stats) > 0 and all(h["step_errors"] == 0 for h in stats)
@@ -466,10 +472,10 @@ def test_two_hvd_servers_behind_the_router_serve_losslessly_on_one_gate(runs):
     assert _accept_length(router, 1) > 2.5
 
 
-def test_a_gate_roll_behind_the_router_loses_no_request(runs):
+@pytest.mark.full
+def test_a_gate_roll_behind_the_router_loses_no_request(runs, router):
     """Each replica in turn: out of the router, drained, restarted with the new setting,
     back in; three clients sent requests throughout."""
-    router = runs["router"]
     want = _tokens(runs["reference"], 0)
     assert router["failed"] == [] and len(router["flowing"]) > 20
     assert all(out == want[i] for i, out in router["flowing"])
@@ -539,15 +545,18 @@ def test_recorded_traces_replay_to_the_served_outputs(runs):
     collected = len(runs["hvd"]["collect"]["records"])
     assert len(records) >= 2 * len(PROMPTS) + collected  # hvd collect's requests were served (and recorded) too
     records = [r for r in records if tuple(r.prompt_ids.tolist()) in served]
-    assert len(records) == 2 * len(PROMPTS) + 2  # two rounds, plus the two sent before reading /metrics
+    # two rounds, the two sent before reading /metrics, and the per-request control batch
+    assert len(records) == 3 * len(PROMPTS) + 2
     cached_steps = 0
     for r in records:
         assert r.output_ids.tolist() == served[tuple(r.prompt_ids.tolist())]
         # Prefill emits the first token; every verify then emits accept_len + 1 tokens.
-        assert r.steps and r.steps[0].pos == 1
+        assert not r.steps or r.steps[0].pos == 1
         assert all(b.pos == a.pos + a.accept_len + 1 for a, b in zip(r.steps, r.steps[1:]))
         cached_steps += sum(s.src == "cache" for s in r.steps)
     assert cached_steps > 0
+    # an `off` request verifies no draft: its record has no verify step
+    assert CONTROLS.count("off") <= sum(not r.steps for r in records) < len(records)
     replayed = subprocess.run([harness.SGLANG_PYTHON, "-m", "sglang_hvd.cli.main", "replay", str(path), "--json",
                                str(runs["work"] / "r.json")], capture_output=True, text=True, cwd=REPO)
     assert replayed.returncode == 0, replayed.stderr[-2000:]

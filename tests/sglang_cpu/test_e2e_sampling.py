@@ -41,7 +41,7 @@ from sglang_hvd.harness.tiny_models import CYCLE_TOKENS  # noqa: E402
 
 from . import REPO  # noqa: E402
 
-pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e, pytest.mark.full]
 
 
 def _power_module():

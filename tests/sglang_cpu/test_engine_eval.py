@@ -22,7 +22,7 @@ from sglang_hvd.harness.tiny_models import qwen_tokenizer_dir  # noqa: E402
 
 from . import REPO  # noqa: E402
 
-pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e, pytest.mark.full]
 SHARED = os.path.join(os.path.dirname(REPO), "shared", "data", "conversations")
 SOURCES = ("taubench_airline.jsonl", "swe_agent.jsonl")
 # A small sample (two conversations, ~2k tokens): EAGLE3's seeded errors and the

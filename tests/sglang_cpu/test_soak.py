@@ -15,7 +15,7 @@ from sglang_hvd.harness import server as harness  # noqa: E402
 
 from . import REPO  # noqa: E402
 
-pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e, pytest.mark.full]
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="the disk-full fault writes to /dev/full")
