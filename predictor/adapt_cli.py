@@ -36,6 +36,7 @@ from sglang_hvd.cli.common import (
     int_in,
     seconds,
     seed,
+    server_url,
 )
 from sglang_hvd.cli.status import server_info, update_gate
 from sglang_hvd.errors import HvdInputError
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("recorded", nargs="+", metavar="RECORDED", help="traces the server recorded (one file per DP rank)")
-    p.add_argument("--url", required=True, metavar="URL", help="the HVD server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--url", required=True, metavar="URL", type=server_url, help="the HVD server, e.g. http://127.0.0.1:30000")
     p.add_argument("--gate", required=True, metavar="DIR", help="the gate directory the server serves (its digest is "
                                                                  "checked against the server's)")
     p.add_argument("--base", nargs="+", required=True, metavar="TRACES",

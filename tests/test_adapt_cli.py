@@ -58,6 +58,13 @@ def test_bad_numbers_are_refused_before_any_work(demo_dir, tmp_path, capsys, fla
     assert e.value.code == 2 and flag in capsys.readouterr().err
 
 
+def test_a_url_that_is_not_one_is_refused_before_any_work(demo_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        run(demo_dir, "127.0.0.1:30000", tmp_path)
+    assert e.value.code == 2
+    assert "--url: expected a server URL like http://127.0.0.1:30000, got '127.0.0.1:30000'" in capsys.readouterr().err
+
+
 def test_held_back_requests_are_the_most_recent_of_each_file(demo_dir, tmp_path):
     lines = open(os.path.join(demo_dir, "traces.jsonl")).read().splitlines()
     (tmp_path / "a.jsonl").write_text("\n".join(lines[:10]) + "\n")

@@ -204,6 +204,13 @@ def top_p(text: str) -> float:
     return _float_in(text, 0.0, 1.0, True, "a top-p in (0, 1]")
 
 
+def server_url(text: str) -> str:
+    """``http(s)://HOST:PORT`` for argparse (checked before any work)."""
+    if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1]) == 0:
+        raise argparse.ArgumentTypeError(f"expected a server URL like http://127.0.0.1:30000, got {text!r}")
+    return text
+
+
 def seconds(text: str) -> float:
     return _float_in(text, 0.0, 86400.0, True, "seconds in (0, 86400]")
 
