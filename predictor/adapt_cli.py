@@ -45,7 +45,7 @@ from sglang_hvd.report import format_table
 from sglang_hvd.serving.status import fleet_status
 from sglang_hvd.trace import ReadReport, iter_traces, single_tokenizer
 
-from .train_cli import check_tokenizer
+from .train_cli import check_tokenizer, training
 
 held_back_share = float_in(0.0, 1.0, low_open=True, high_open=True, what="a fraction")  # (0, 1)
 gain_share = float_in(0.0, 1.0, high_open=True, what="a fraction")  # [0, 1)
@@ -155,14 +155,7 @@ def replay_figures(gate, records, concurrency: int) -> dict:
 
 @cli_entry("adapt", build_parser)
 def main(args: argparse.Namespace) -> int:
-    try:
-        import torch  # noqa: F401
-
-        from .mlp import TrainConfig
-        from .pipeline import TrainOptions, train_gate
-    except ImportError as e:
-        raise HvdInputError(f"hvd adapt needs the train extra ({e.name} is missing): pip install '.[train]' in the "
-                            "sglang-hvd checkout (on a CPU machine, pip install torch==2.13.0 first)") from None
+    TrainConfig, TrainOptions, train_gate = training("adapt")
     from sglang_hvd.gate import Gate
 
     serving = Gate(args.gate)

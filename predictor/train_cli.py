@@ -141,14 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_entry("train", build_parser)
 def main(args: argparse.Namespace) -> int:
-    try:
-        import torch  # noqa: F401
-
-        from .mlp import TrainConfig
-        from .pipeline import TrainOptions, train_gate
-    except ImportError as e:
-        raise HvdInputError(f"hvd train needs the train extra ({e.name} is missing): pip install '.[train]' in the "
-                            "sglang-hvd checkout (on a CPU machine, pip install torch==2.13.0 first)") from None
+    TrainConfig, TrainOptions, train_gate = training("train")
     opts = _options(args, TrainConfig, TrainOptions)  # every flag checked before any work
     report = ReadReport()
     records = list(single_tokenizer(iter_traces(args.traces, skip_invalid=args.skip_invalid, report=report)))
@@ -187,6 +180,20 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, metrics)
     return 0
+
+
+def training(command: str):
+    """(TrainConfig, TrainOptions, train_gate): torch imported here, or HvdInputError
+    naming the train extra that ``hvd COMMAND`` needs."""
+    try:
+        import torch  # noqa: F401
+
+        from .mlp import TrainConfig
+        from .pipeline import TrainOptions, train_gate
+    except ImportError as e:
+        raise HvdInputError(f"hvd {command} needs the train extra ({e.name} is missing): pip install '.[train]' in "
+                            "the sglang-hvd checkout (on a CPU machine, pip install torch==2.13.0 first)") from None
+    return TrainConfig, TrainOptions, train_gate
 
 
 def check_tokenizer(records, tokenizer_arg: str) -> tuple[ChatTokenizer, np.ndarray]:
