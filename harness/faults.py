@@ -1,5 +1,8 @@
 """Faults to inject into HVD servers on the CPU harness (test and benchmark code).
 
+``gate_variant(good, where, **parts)`` copies a trained gate with parts of its gate.json
+changed (another digest; e.g. a decision threshold, or drafter settings a server refuses).
+
 ``faulty_gate(good, where, ...)`` copies a trained gate and appends nodes to its ONNX
 graph so that it loads (the load-time probe runs a batch of 2) and then fails inside
 onnxruntime on the batch sizes chosen:
@@ -42,3 +45,19 @@ def faulty_gate(good: str, where: str, *, works_only_at: int | None = None, fail
         ])
     onnx.save(model, path)
     return where
+
+
+def gate_variant(good: str, where, **parts: dict) -> str:
+    """A copy of the gate ``good`` at ``where`` with gate.json's parts updated (each a dict
+    merged into that part, e.g. ``decision={"threshold": 0.5}``); returns its path."""
+    import json
+
+    shutil.copytree(good, where)
+    path = os.path.join(where, "gate.json")
+    with open(path) as f:
+        spec = json.load(f)
+    for part, values in parts.items():
+        spec[part].update(values)
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    return str(where)

@@ -183,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, FileExistsError) as e:
         raise HvdInputError(str(e)) from None
     candidate = Gate(args.output, **forced)
-    serving_now = Gate(args.gate, **forced)
+    serving_now = Gate(args.gate, **forced) if forced else serving  # as the server serves it
     figures = {"serving": {"gate": args.gate, "digest": serving.digest, **replay_figures(serving_now, held,
                                                                                         args.concurrency)},
                "candidate": {"gate": args.output, "digest": candidate.digest,

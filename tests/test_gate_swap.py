@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -13,18 +12,10 @@ from sglang_hvd.calibration import OnlineCalibration
 from sglang_hvd.drafter import create_drafter
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.gate import Gate
+from sglang_hvd.harness.faults import gate_variant
 from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.gate_swap import load_candidate
 from sglang_hvd.serving.stepper import HVDStepper
-
-
-def copy_gate(gate: str, where, **changes) -> str:
-    shutil.copytree(gate, where)
-    spec = json.loads((where / "gate.json").read_text())
-    for part, values in changes.items():
-        spec[part].update(values) if isinstance(values, dict) else spec.__setitem__(part, values)
-    (where / "gate.json").write_text(json.dumps(spec))
-    return str(where)
 
 
 @pytest.fixture
@@ -35,11 +26,11 @@ def served(demo_dir):
 def test_a_gate_of_the_same_shape_drafter_and_tokenizer_is_taken_with_the_servers_own_settings(served, tmp_path):
     current = Gate(served)
     config = HVDServingConfig(enable=True, gate=served, eagle_reserve=2)
-    other = copy_gate(served, tmp_path / "b", decision={"threshold": 0.25})
+    other = gate_variant(served, tmp_path / "b", decision={"threshold": 0.25})
     gate = load_candidate(config, current.verify_model.shape, current, other)
     assert gate.digest != current.digest and gate.rule.threshold == 0.25  # its own threshold ...
     assert gate.rule.eagle_reserve == 2  # ... and the server's explicit --hvd-eagle-reserve
-    bounds = copy_gate(served, tmp_path / "c", drafter={"max_scan": current.drafter_config.max_scan + 8})
+    bounds = gate_variant(served, tmp_path / "c", drafter={"max_scan": current.drafter_config.max_scan + 8})
     assert load_candidate(config, current.verify_model.shape, current, bounds).digest != current.digest  # a bound
 
 
@@ -53,7 +44,7 @@ def test_a_gate_of_the_same_shape_drafter_and_tokenizer_is_taken_with_the_server
 ])
 def test_a_gate_that_does_not_fit_the_server_is_refused_in_one_line(served, tmp_path, changes, message):
     current = Gate(served)
-    bad = copy_gate(served, tmp_path / "bad", **changes)
+    bad = gate_variant(served, tmp_path / "bad", **changes)
     with pytest.raises(HvdInputError, match=message):
         load_candidate(HVDServingConfig(enable=True, gate=served), current.verify_model.shape, current, bad)
 
@@ -80,7 +71,7 @@ def test_the_stepper_serves_the_new_gate_and_starts_its_calibration_over(served,
     for _ in range(40):
         cal.observe(b, 1.0, 4)
     assert cal.summary()["tau"]["labels"] == 40
-    new = Gate(copy_gate(served, tmp_path / "b", decision={"threshold": 0.25}))
+    new = Gate(gate_variant(served, tmp_path / "b", decision={"threshold": 0.25}))
     stepper.swap_gate(new)
     assert stepper.gate is new and stepper.threshold == 0.25
     assert cal.summary() == {} and cal.bucket("tau") == b  # learned offsets gone, buckets kept

@@ -249,19 +249,14 @@ def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
 
 def test_a_gate_swap_serves_the_checked_gate_only_after_its_commit(demo_dir, tmp_path):
     """The worker's three phases (patches/gate_endpoint.py drives them over every rank)."""
-    import shutil
-
+    from sglang_hvd.harness.faults import gate_variant
     from sglang_hvd.serving.gate_swap import ABORT, CHECK, COMMIT
     from sglang_hvd.verify import VerifyShape
 
     w = _bare_worker(demo_dir, tmp_path, shape=VerifyShape(4, 3, 16))
     old = w.hvd.gate.digest
-    other, deep = tmp_path / "other", tmp_path / "deep"
-    for where, part, values in ((other, "decision", {"threshold": 0.5}), (deep, "drafter", {"max_depth": 9})):
-        shutil.copytree(os.path.join(demo_dir, "gate"), where)
-        spec = json.loads((where / "gate.json").read_text())
-        spec[part].update(values)
-        (where / "gate.json").write_text(json.dumps(spec))
+    other = gate_variant(os.path.join(demo_dir, "gate"), tmp_path / "other", decision={"threshold": 0.5})
+    deep = gate_variant(os.path.join(demo_dir, "gate"), tmp_path / "deep", drafter={"max_depth": 9})
     assert w.hvd_swap(COMMIT, str(other)) == (False, f"no checked gate {other} to serve (check it first)")
     passed, message = w.hvd_swap(CHECK, str(deep))
     assert not passed and "max_depth 9 (served: 64)" in message and w.hvd.gate.digest == old

@@ -35,7 +35,7 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang CPU harness needs the sglang extra (sglang==0.5.23)")
 
 from sglang_hvd.harness import server as harness  # noqa: E402
-from sglang_hvd.harness.faults import faulty_gate  # noqa: E402
+from sglang_hvd.harness.faults import faulty_gate, gate_variant  # noqa: E402
 
 from . import REPO  # noqa: E402
 
@@ -88,7 +88,7 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gate, qwen_gates, tmp_pa
     eagle = harness.eagle3_args(m.llama_draft, topk=1, steps=3)
     broken = faulty_gate(qwen_gate, str(work / "broken_gate"), works_only_at=2)
     # the gate with its own threshold -1: every cache draft verified, no --hvd-threshold (which a swap would keep)
-    every = _gate_copy(qwen_gate, work / "gate_every", decision={"threshold": -1.0})
+    every = gate_variant(qwen_gate, work / "gate_every", decision={"threshold": -1.0})
     configs = {
         "reference": dict(extra_args=[]),
         "eagle3": dict(extra_args=eagle),
@@ -146,18 +146,6 @@ def router(sglang_server_factory, sglang_cpu_models, runs) -> dict:
     return _behind_router(sglang_server_factory, sglang_cpu_models.llama, runs["hvd_config"], runs["work"])
 
 
-def _gate_copy(gate: str, where, **changes) -> str:
-    """A copy of ``gate`` with gate.json's parts changed (``decision`` / ``drafter`` dicts merged)."""
-    import shutil
-
-    shutil.copytree(gate, where)
-    spec = json.loads((where / "gate.json").read_text())
-    for part, values in changes.items():
-        spec[part].update(values)
-    (where / "gate.json").write_text(json.dumps(spec))
-    return str(where)
-
-
 def _post(url: str, body: dict) -> tuple[int, dict]:
     import urllib.error
     import urllib.request
@@ -179,8 +167,8 @@ def _swap_under_load(server, gate: str, work) -> dict:
     import threading
     import time
 
-    other = _gate_copy(gate, work / "gate_never", decision={"threshold": 1e6})
-    wrong = _gate_copy(gate, work / "gate_depth", drafter={"max_depth": 7})
+    other = gate_variant(gate, work / "gate_never", decision={"threshold": 1e6})
+    wrong = gate_variant(gate, work / "gate_depth", drafter={"max_depth": 7})
     stop, batches, errors = threading.Event(), [], []
 
     def client():
