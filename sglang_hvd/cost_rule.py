@@ -27,6 +27,7 @@ import dataclasses
 import numpy as np
 
 from .payoff import Payoff
+from .request_control import CACHE, EAGLE3, OFF, any_control
 from .step_profile import EXTEND_EVERY_STEP, StepProfile
 from .tiers import Tier
 from .verify import MAX_TREE_NODES, Eagle3Curve
@@ -94,7 +95,7 @@ class CostRule:
 
 
 def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
-              eagle3_tokens: np.ndarray) -> tuple[np.ndarray, float]:
+              eagle3_tokens: np.ndarray, control: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """The rows that verify their cache draft at ``mode``, and the tokens the step is
     expected to emit. A cache row of L nodes yields 1 + its expected accepted length at
     L (payoff.py), plus, beside M EAGLE3 nodes, P(its first token misses) x (the curve's
@@ -108,29 +109,36 @@ def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray,
                             EAGLE3 nodes beside the cache branch)
 
     The rows' cache and EAGLE3 nodes are those ``plan_rows`` gives (before row trees).
+    ``control``: [B] the rows' per-request controls (request_control.py), priced as decide
+    plans them: an ``off`` row yields 1 at any mode, a ``cache`` row its whole cache draft
+    at any speculating mode, an ``eagle3`` row EAGLE3's tokens at a mode with EAGLE3's draft
+    and 1 without. The rows returned are the gate's (decide applies the controls to them).
     """
     b = len(lens)
     kind = mode.kind
     if kind == PLAIN:
         return np.zeros(b, dtype=bool), float(b)
     n = min(mode.tier.draft_nodes, MAX_TREE_NODES)
-    if kind == CACHE_ONLY:
-        rows = lens > 0
-        return rows, float(b + payoff.accepted(np.minimum(lens, n)).sum())
+    chain = payoff.accepted(np.minimum(lens, n))
     gain = eagle3_tokens[n] - 1.0  # an EAGLE3 row's tokens beyond the bonus
-    if kind == CHAIN:
-        chain = payoff.accepted(np.minimum(lens, n))
+    if kind == CACHE_ONLY:
+        rows, per_row = lens > 0, chain
+    elif kind == CHAIN:
         rows = (lens > 0) & (chain > gain)
-        return rows, float(b + np.where(rows, chain, gain).sum())
-    rows = use
-    cache = np.where(rows, np.minimum(lens, n - min(eagle_reserve, n - 1)), 0)
-    beside = np.where(rows, eagle3_tokens[n - cache] - 1.0, 0.0)
-    total = b + np.where(rows, payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain).sum()
-    return rows, float(total)
+        per_row = np.where(rows, chain, gain)
+    else:
+        rows = use
+        cache = np.where(rows, np.minimum(lens, n - min(eagle_reserve, n - 1)), 0)
+        beside = np.where(rows, eagle3_tokens[n - cache] - 1.0, 0.0)
+        per_row = np.where(rows, payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain)
+    if any_control(control):
+        per_row = np.select([control == OFF, control == CACHE, control == EAGLE3],
+                            [0.0, chain, 0.0 if kind == CACHE_ONLY else gain], per_row)
+    return rows, float(b + per_row.sum())
 
 
 def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.ndarray,
-                    eagle_reserve: int) -> np.ndarray:
+                    eagle_reserve: int, control: np.ndarray | None = None) -> np.ndarray:
     """[modes] the tokens each mode's step is expected to emit: ``mode_rows``'s totals, all
     modes at once ([modes, B] arrays, a dozen numpy calls whatever the number of tiers)."""
     b = len(lens)
@@ -145,15 +153,21 @@ def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.nd
         [cost.kinds[:, None] == PLAIN, cost.kinds[:, None] == CACHE_ONLY, cost.kinds[:, None] == CHAIN],
         [np.zeros_like(chain), chain, np.where(drafted, np.maximum(chain, gain), gain)],
         np.where(use[None, :], payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain))
+    if any_control(control):
+        kinds = cost.kinds[:, None]
+        per_row = np.select([control[None, :] == OFF, control[None, :] == CACHE, control[None, :] == EAGLE3],
+                            [0.0, np.where(kinds == PLAIN, 0.0, chain),
+                             np.where((kinds == CHAIN) | (kinds == TREE), gain, 0.0)], per_row)
     return b + per_row.sum(axis=1)
 
 
 def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
-                context_tokens: float, cap: int) -> tuple[StepMode, np.ndarray]:
+                context_tokens: float, cap: int, control: np.ndarray | None = None) -> tuple[StepMode, np.ndarray]:
     """The StepMode of the most expected tokens per millisecond for this batch (of equals,
     the first in ``cost.modes``: the cheaper shape) and the rows that verify their cache draft at it.
-    ``predicted``: the gate's accept_len, trained at ``cap`` nodes."""
+    ``predicted``: the gate's accept_len, trained at ``cap`` nodes; ``control``: the rows'
+    per-request controls (``mode_rows``), or None."""
     payoff = Payoff(predicted, lens, cap)
-    rate = expected_tokens(cost, payoff, lens, use, eagle_reserve) / cost.step_ms(len(lens), context_tokens)
+    rate = expected_tokens(cost, payoff, lens, use, eagle_reserve, control) / cost.step_ms(len(lens), context_tokens)
     mode = cost.modes[int(np.argmax(rate))]
     return mode, mode_rows(mode, payoff, lens, use, eagle_reserve, cost.eagle3_tokens)[0]

@@ -10,6 +10,7 @@ import pytest
 from sglang_hvd.cost_rule import CostRule, StepMode, choose_mode, mode_rows
 from sglang_hvd.decision import DecisionRule, decide
 from sglang_hvd.payoff import Payoff
+from sglang_hvd.request_control import AUTO, CACHE, EAGLE3, OFF
 from sglang_hvd.request_state import RequestState
 from sglang_hvd.step_profile import DraftCost, ForwardCost, HostCost, StepProfile
 from sglang_hvd.tiers import Tier, parse_tiers
@@ -94,6 +95,39 @@ def test_mode_rows_by_hand_for_each_kind_of_mode():
     # it never count), row 1 EAGLE3's 15 nodes (2.1 - 1), row 2 its 1 token (0.5) and, when that misses (0.5),
     # EAGLE3's 14 nodes beside it (2.08125 - 1): 3 + 3 + 1.1 + 0.5 + 0.5 * 1.08125
     assert run(StepMode(tree)) == ([True, False, True], pytest.approx(8.140625))
+
+
+def test_mode_rows_price_the_rows_per_request_controls():
+    # the rows of test_mode_rows_by_hand_for_each_kind_of_mode, asking off, cache and eagle3 in turn
+    lens = np.array([3, 0, 1])
+    payoff = Payoff(np.array([3.0, np.nan, 0.5]), lens, 15)
+    use = np.array([True, False, True])
+    curve = cost_rule(verify=(1.0, 0.0, 0.0, 0.0)).eagle3_tokens
+    control = np.array([OFF, CACHE, EAGLE3], dtype=np.int8)
+    chain, tree = Tier.parse("1-3-4"), Tier.parse("4-3-16")
+
+    def tokens(mode):
+        return mode_rows(mode, payoff, lens, use, 3, curve, control)[1]
+
+    assert tokens(StepMode(Tier(), eagle3=False)) == 3.0
+    # off: 1; cache without a draft: 1; eagle3 without EAGLE3's draft: 1
+    assert tokens(StepMode(chain, eagle3=False)) == pytest.approx(3.0)
+    # eagle3 at 1-3-4: 1.75; at 4-3-16: 2.1
+    assert tokens(StepMode(chain)) == pytest.approx(3.75)
+    assert tokens(StepMode(tree)) == pytest.approx(4.1)
+    # a whole batch asking off takes the off tier, whatever its drafts promise (every mode emits 2 tokens)
+    rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), eagle3=(1.0, 0.0, 0.0, 0.0))
+    off = np.array([OFF, OFF], dtype=np.int8)
+    mode, _ = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), np.array([True, True]), 0, 0.0, 15, off)
+    assert mode == StepMode(Tier(), eagle3=False)
+    long = list(range(20, 35))
+    plan = decide(ListGate([15.0, 15.0]), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule, control=off)
+    assert plan.tier == Tier() and plan.cache_lens.tolist() == [0, 0] and plan.eagle_nodes.tolist() == [0, 0]
+    # one auto row beside an off one: the widest tier without EAGLE3 again (test above), the off row plain
+    mixed = np.array([AUTO, OFF], dtype=np.int8)
+    plan = decide(ListGate([15.0, 15.0]), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule,
+                  control=mixed)
+    assert plan.tier == Tier.parse("4-3-16") and [plan.plan(i) for i in range(2)] == [RowPlan(15, 0), RowPlan(0, 0)]
 
 
 def test_a_step_mode_plans_every_row_at_its_tier():

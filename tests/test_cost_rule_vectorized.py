@@ -16,20 +16,23 @@ from sglang_hvd.verify import Eagle3Curve
 COST = CostRule(load_profile("qwen3-8b-h200"), Eagle3Curve(),
                 parse_tiers("off,1-1-2,1-3-4,4-1-2,4-1-4,4-2-8,4-3-16"))
 
-rows = st.lists(st.tuples(st.integers(0, 40), st.floats(0, 16), st.booleans()), min_size=1, max_size=70)
+rows = st.lists(st.tuples(st.integers(0, 40), st.floats(0, 16), st.booleans(), st.sampled_from([0, 0, 1, 2, 3])),
+                min_size=1, max_size=70)
 
 
-@settings(max_examples=60, deadline=None)
-@given(rows, st.integers(0, 6), st.floats(0, 2e5))
-def test_all_modes_at_once_equal_each_mode_alone(batch, reserve, context):
+@settings(max_examples=80, deadline=None)
+@given(rows, st.integers(0, 6), st.floats(0, 2e5), st.booleans())
+def test_all_modes_at_once_equal_each_mode_alone(batch, reserve, context, controlled):
     lens = np.array([r[0] for r in batch], dtype=np.int32)
     pred = np.where(lens > 0, [r[1] for r in batch], np.nan)
     use = np.array([r[2] for r in batch]) & (lens > 0)
+    # per-request controls (request_control.py: auto, off, cache, eagle3), or none
+    control = np.array([r[3] for r in batch], dtype=np.int8) if controlled else None
     payoff = Payoff(pred, lens, 15)
-    every = expected_tokens(COST, payoff, lens, use, reserve)
-    one_by_one = [mode_rows(m, payoff, lens, use, reserve, COST.eagle3_tokens)[1] for m in COST.modes]
+    every = expected_tokens(COST, payoff, lens, use, reserve, control)
+    one_by_one = [mode_rows(m, payoff, lens, use, reserve, COST.eagle3_tokens, control)[1] for m in COST.modes]
     np.testing.assert_allclose(every, one_by_one, rtol=1e-12)
-    mode, chosen_rows = choose_mode(COST, pred, lens, use, reserve, context, 15)
+    mode, chosen_rows = choose_mode(COST, pred, lens, use, reserve, context, 15, control)
     rate = [t / COST.profile.step_ms(m.tier, len(lens), context, m.eagle3) for m, t in zip(COST.modes, one_by_one)]
     assert mode == COST.modes[int(np.argmax(rate))]
     np.testing.assert_array_equal(chosen_rows, mode_rows(mode, payoff, lens, use, reserve, COST.eagle3_tokens)[0])
