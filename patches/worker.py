@@ -1,7 +1,8 @@
 """The HVD worker: SGLang's EAGLEWorkerV2 with cache drafts written into chosen rows.
 
-Per decode step, before EAGLE3 drafts (``forward_batch_generation``): bring the cache
-drafter up to date with every request of the batch and let the stepper (drafter +
+At a prefill, after its forwards were launched, each new request enters the stepper (its
+prompt indexed by the cache drafter, off the decode steps). Per decode step, before EAGLE3
+drafts (``forward_batch_generation``): bring the cache drafter up to date with every request of the batch and let the stepper (drafter +
 decision.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's tree, a cache
 chain, or both as two branches) -- and, on a cost-aware server (``--hvd-profile``), the
 step's verify tier (patches/tier_states.py: SGLang's runtime state of that width, EAGLE3's
@@ -173,7 +174,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         if not self._hvd_eligible(batch):
-            return super().forward_batch_generation(batch, *args, **kwargs)
+            out = super().forward_batch_generation(batch, *args, **kwargs)
+            if self.hvd is not None and self._hvd_prefill(batch):
+                self._hvd_admit_new(batch)
+            return out
         clock = self._hvd_clock
         start = time.perf_counter()
         if clock is not None:
@@ -244,6 +248,25 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_packed = packed
         self._hvd_step_shape = (tier, drafted)
 
+    def _hvd_admit_new(self, batch) -> None:
+        """A prefill's new requests enter the stepper (their prompts indexed) now, after the
+        prefill's forwards were launched: off the decode steps, and on a GPU while it runs."""
+        try:
+            for req in batch.reqs:
+                if req.rid not in self.hvd:
+                    self._hvd_admit(req)
+        except Exception as e:  # the request is admitted again at its first decode step
+            self._hvd_failed(e)
+
+    def _hvd_admit(self, req) -> None:
+        self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids, request_source(req), request_control(req))
+        self._hvd_reqs[req.rid] = req
+
+    @staticmethod
+    def _hvd_prefill(batch) -> bool:
+        """A batch of prefills only (a mixed batch's decode rows are not HVD's)."""
+        return batch.forward_mode.is_extend() and not batch.forward_mode.is_idle() and bool(batch.reqs)
+
     @staticmethod
     def _hvd_eligible(batch) -> bool:
         """A decode step with requests: the same answer on every TP rank (it reads only the batch)."""
@@ -287,9 +310,9 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         for req in batch.reqs:
             if req.rid in self.hvd:
                 self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids)
-            else:
-                self.hvd.sync(req.rid, req.origin_input_ids, req.output_ids, request_source(req), request_control(req))
-            self._hvd_reqs[req.rid] = req
+                self._hvd_reqs[req.rid] = req
+            else:  # not admitted at its prefill (a mixed batch's, or a failed admission)
+                self._hvd_admit(req)
         self._hvd_collect_departed(set(rids))
         plans = self.hvd.plan(rids)
         self._hvd_pending = (rids, None)

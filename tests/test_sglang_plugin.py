@@ -337,6 +337,32 @@ def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify)
     assert [(s.pos, s.src, s.draft, s.accept_len) for s in rec.steps] == [(0, "cache", (105, 106, 107), 3)]
 
 
+def _prefill(reqs):
+    mode = types.SimpleNamespace(is_idle=lambda: False, is_extend=lambda: True)
+    return types.SimpleNamespace(reqs=reqs, spec_info=None, forward_mode=mode, is_extend_in_batch=True)
+
+
+def test_a_prefill_admits_its_requests_off_the_decode_steps(demo_dir, tmp_path, stock_verify):
+    w = _bare_worker(demo_dir, tmp_path)
+    w.hvd.rule = dataclasses.replace(w.hvd.rule, threshold=-1.0)  # every cache draft
+    repeated = list(range(100, 140))
+    a, once = FakeReq("a", repeated + [7] + repeated[:5], []), FakeReq("once", [5, 6], [])
+    assert w.forward_batch_generation(_prefill([a, once])) == "verified"  # SGLang's prefill ran
+    # both indexed at the prefill: known to the stepper and the drafter, no decode step planned
+    assert w.hvd.running() == ["a", "once"] and w.hvd.stats.steps == 0 and set(w._hvd_reqs) == {"a", "once"}
+    assert list(w.hvd.drafter.speculate("a").tokens[:3]) == [105, 106, 107]
+    # the first decode step drafts from the prompt indexed at the prefill; "once" ended at its prefill
+    once._done = True
+    a.output_ids = [105]
+    vi = _verify_input(torch.tensor([105, 900, 901, 902]), 1, 4)
+    w.forward_batch_generation(_batch([a], vi))
+    assert vi.draft_token.tolist()[1:] == [106, 107, 108] and w.hvd.stats.steps == 1
+    assert w.hvd.running() == ["a"] and set(w._hvd_reqs) == {"a"}
+    # a prefill again of a request the stepper tracks (SGLang retracted it) admits nothing new
+    w.forward_batch_generation(_prefill([a]))
+    assert w.hvd.running() == ["a"] and w.hvd_stats()["step_errors"] == 0
+
+
 def test_a_failing_step_verifies_eagle3_rows_and_is_counted(demo_dir, tmp_path, caplog, stock_verify):
     w = _bare_worker(demo_dir, tmp_path)
 

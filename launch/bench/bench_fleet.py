@@ -10,7 +10,9 @@ responses entering the global cache as they are generated) at each concurrency, 
 and prints cycles per 1,000 tokens and seconds for each, and for fleet replay the serving
 stepper's host time per decode step: ``plan`` (drafts, features, gate, row trees, as
 ``cpu_us_per_step`` reports it) and ``host``, everything the stepper does on the step's
-critical path (sync + plan + verified + finish). Fleet replay at concurrency 1 plans the same
+critical path (sync + plan + verified + finish). A new request's prompt is indexed at its
+prefill (as the server does), off the decode steps: ``prefill``, microseconds per request
+(``start`` counts a request first seen at a decode step, none in fleet replay). Fleet replay at concurrency 1 plans the same
 rows as sequential replay. ``--cache-siblings`` repeats the fleet runs with each value in the
 gate's rule.
 
@@ -70,15 +72,22 @@ class TimedStepper:
         self._pending = dict.fromkeys(PARTS, 0.0)
         self.batch: list[int] = []
         self.parts_us: dict[str, list[float]] = {p: [] for p in PARTS}
+        self.prefill_us: list[float] = []  # each new request's indexing at its prefill
 
     def _add(self, part: str, start: float) -> None:
         self._pending[part] += max(self.clock() - start - self._overhead_s, 0.0) * 1e6
 
     def sync(self, rid: str, prompt_ids, output_ids, source: str | None = None) -> None:
-        part = "sync" if rid in self.stepper else "start"  # a new request's first sync indexes its prompt
+        if rid in self.stepper:
+            part = "sync"
+        else:  # a new request's first sync indexes its prompt: at its prefill (fleet replay, the server) or not
+            part = "start" if len(output_ids) else "prefill"
         t = self.clock()
         self.stepper.sync(rid, prompt_ids, output_ids, source)
-        self._add(part, t)
+        if part == "prefill":  # off the decode steps: timed apart
+            self.prefill_us.append(max(self.clock() - t - self._overhead_s, 0.0) * 1e6)
+        else:
+            self._add(part, t)
 
     def finish(self, rid: str) -> None:
         t = self.clock()
@@ -111,6 +120,8 @@ class TimedStepper:
         out["host"] = float(host.mean()) if len(host) else float("nan")
         out["host_p90"] = float(np.percentile(host, 90)) if len(host) else float("nan")
         out["steps"] = int(keep.sum())
+        # not per step: a new request's prompt indexed at its prefill, per request (every one of the run)
+        out["prefill_per_request"] = float(np.mean(self.prefill_us)) if self.prefill_us else float("nan")
         return out
 
 
@@ -200,12 +211,13 @@ def main(argv=None) -> int:
             print(f"{name:<22} {cycles:>13.1f} {seconds:>8.1f} {plan:>12} {host:>12}")
     if fixed:
         print(f"\nhost time at a fixed batch ({a.clock} time; turns as requests; us per step, mean; steps of exactly "
-              f"B rows; host = start + sync + plan + verified + finish)")
+              f"B rows; host = start + sync + plan + verified + finish; prefill: us per request, off the decode "
+              f"steps)")
         print(f"{'batch':<18} {'steps':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'host':>9} {'host p90':>9}"
-              f" {'cycles/1k':>9}")
+              f" {'cycles/1k':>9} {'prefill':>9}")
         for name, us, cycles in fixed + drafts_only:
             print(f"{name:<18} {us['steps']:>6} " + " ".join(f"{us[p]:>9.0f}" for p in PARTS)
-                  + f" {us['host']:>9.0f} {us['host_p90']:>9.0f} {cycles:>9.1f}")
+                  + f" {us['host']:>9.0f} {us['host_p90']:>9.0f} {cycles:>9.1f} {us['prefill_per_request']:>9.0f}")
     host_cost = None
     if drafts_only and len(batches) >= 2:
         hvd_rows = fixed[-len(batches):]  # the gate's own rule

@@ -18,7 +18,8 @@ prompts and outputs so far), EAGLE3's draft forwards when some row verifies EAGL
 nodes, the draft model's extend as the planner's server runs it (``extend``: every step in
 SGLang, drafted or not), HVD's host time when the planner is HVD's; each row carries an equal share, so
 per-source times add up to the whole. Prefills are not timed (the same for every
-policy).
+policy); a new request enters the stepper at its prefill (its prompt indexed then, as the
+server does), before its first decode step.
 
 With ``concurrency`` 1 this walks the requests in file order, as ``simulate`` with
 ``prefill_first`` does, and plans every row alike (tests/test_serving_core.py).
@@ -147,6 +148,8 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: Planner
         if out:
             s.policy(policy).add_step(PREFILL_ROW, 1, 0)
         running[r.req_id] = (r, turns, Eagle3Stream())
+        # the server indexes a new request's prompt at its prefill (patches/worker.py), off the decode steps
+        stepper.sync(r.req_id, r.prompt_ids, [], r.source)
 
     def end(rid: str) -> None:
         nonlocal in_flight
