@@ -2,8 +2,8 @@
 
 At a prefill, after its forwards were launched, each new request enters the stepper (its
 prompt indexed by the cache drafter, off the decode steps). Per decode step, before EAGLE3
-drafts (``forward_batch_generation``): bring the cache drafter up to date with every request of the batch and let the stepper (drafter +
-decision.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's tree, a cache
+drafts (``forward_batch_generation``): bring the cache drafter up to date with every
+request of the batch and let the stepper (drafter + decision.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's tree, a cache
 chain, or both as two branches) -- and, on a cost-aware server (``--hvd-profile``), the
 step's verify tier (patches/tier_states.py: SGLang's runtime state of that width, EAGLE3's
 draft forwards skipped when no row verifies an EAGLE3 node). Then SGLang drafts, and
