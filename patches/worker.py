@@ -2,23 +2,24 @@
 
 At a prefill, after its forwards were launched, each new request enters the stepper (its
 prompt indexed by the cache drafter, off the decode steps). Per decode step, before EAGLE3
-drafts (``forward_batch_generation``): bring the cache drafter up to date with every
-request of the batch and let the stepper (drafter + decision.decide, sglang_hvd/serving/stepper.py) plan each row (EAGLE3's tree, a cache
-chain, or both as two branches) -- and, on a cost-aware server (``--hvd-profile``), the
-step's verify tier (patches/tier_states.py: SGLang's runtime state of that width, EAGLE3's
-draft forwards skipped when no row verifies an EAGLE3 node). Then SGLang drafts, and
-before its verify (``verify``) the plans are written into ``batch.spec_info`` in place
-(patches/rows.py: tokens only for topk 1; tokens, positions, links and mask for topk > 1,
-with the accept width raised to N). Verification, KV handling, grammar, logprobs and
-EAGLE3's own draft extend then run unchanged. Accepted counts come back through ``on_verify_complete_cpu``; finished
-requests leave through ``note_request_finished`` (their response stays in the drafter's
-global cache); ``clear_cache_pool`` resets.
+drafts (``forward_batch_generation``): bring the cache drafter up to date with every request
+of the batch and let the stepper (drafter + decision.decide, sglang_hvd/serving/stepper.py)
+plan each row (EAGLE3's tree, a cache chain, or both as two branches) -- and, on a cost-
+aware server (``--hvd-profile``), the step's verify tier (patches/tier_states.py: SGLang's
+runtime state of that width, EAGLE3's draft forwards skipped when no row verifies an EAGLE3
+node). Then SGLang drafts, and before its verify (``verify``) the plans are written into
+``batch.spec_info`` in place (patches/rows.py: tokens only for topk 1; tokens, positions,
+links and mask for topk > 1, with the accept width raised to N). Verification, KV handling,
+grammar, logprobs and EAGLE3's own draft extend then run unchanged. Accepted counts come
+back through ``on_verify_complete_cpu``; finished requests leave through
+``note_request_finished`` (their response stays in the drafter's global cache);
+``clear_cache_pool`` resets.
 
 With tensor parallelism only TP rank 0 runs the stepper; every rank takes part in the
 broadcast of its tier and plans at every decode step (a failure on rank 0 broadcasts "the
-served shape, EAGLE3 everywhere"), so all ranks switch to the same tier and verify
-identical rows. Anything that goes wrong in HVD's part of a step is logged once, counted,
-and that step verifies EAGLE3's rows at the served shape.
+served shape, EAGLE3 everywhere"), so all ranks switch to the same tier and verify identical
+rows. Anything that goes wrong in HVD's part of a step is logged once, counted, and that
+step verifies EAGLE3's rows at the served shape.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ stepper's host time per decode step: ``plan`` (drafts, features, gate, row trees
 critical path (sync + plan + verified + finish). A new request's prompt is indexed at its
 prefill (as the server does), off the decode steps: ``prefill``, microseconds per request
 (``start`` counts a request first seen at a decode step, none in fleet replay). Fleet
-replay at concurrency 1 plans the same rows as sequential replay. ``--cache-siblings`` repeats the fleet runs with each value in the
-gate's rule.
+replay at concurrency 1 plans the same rows as sequential replay. ``--cache-siblings``
+repeats the fleet runs with each value in the gate's rule.
 
 ``--batch B1,B2`` adds host time at a fixed batch: every turn of the traces is its own request
 (``hvd eval --requests turns``), B at a time, a finished one replaced at once by the next;
