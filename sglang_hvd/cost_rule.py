@@ -29,8 +29,8 @@ import numpy as np
 from .payoff import Payoff
 from .request_control import CACHE, EAGLE3, OFF, any_control
 from .step_profile import EXTEND_EVERY_STEP, StepProfile
-from .tiers import Tier
-from .verify import MAX_TREE_NODES, Eagle3Curve
+from .tiers import Tier, eagle3_cap
+from .verify import MAX_TREE_NODES, Eagle3Curve, VerifyShape
 
 PLAIN, CACHE_ONLY, CHAIN, TREE = 0, 1, 2, 3  # how a mode's rows are planned (CostRule.kinds)
 
@@ -63,14 +63,17 @@ class CostRule:
     """Cost-aware verification: each step takes the StepMode with the most predicted tokens
     per second (``choose_mode``) among ``tiers`` (each with and without EAGLE3's draft),
     timed by ``profile``; an EAGLE3 row at a tier yields ``eagle3_curve``'s tokens at its
-    nodes; ``extend``: when the server pays EAGLE3's draft extend (step_profile.EXTEND_*)."""
+    nodes, no more than the tier's depth holds (tiers.eagle3_depth_cap, against ``served``);
+    ``extend``: when the server pays EAGLE3's draft extend (step_profile.EXTEND_*)."""
 
     profile: StepProfile
     eagle3_curve: Eagle3Curve
     tiers: tuple[Tier, ...]
     extend: str = EXTEND_EVERY_STEP
+    served: VerifyShape | None = None  # the server's shape (None: the widest tier's), for tiers.eagle3_depth_cap
     modes: tuple[StepMode, ...] = dataclasses.field(init=False, repr=False, compare=False)
-    eagle3_tokens: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # curve by nodes 0..63
+    # [modes, 64] EAGLE3's tokens per verify by nodes 0..63 at each mode's tier (the curve, depth-capped)
+    eagle3_tokens: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
     kinds: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # [modes] PLAIN ... TREE
     nodes: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # [modes] draft nodes (N-1)
 
@@ -80,11 +83,22 @@ class CostRule:
         modes = []
         for t in self.tiers:
             modes += [StepMode(t, False), StepMode(t, True)] if t.speculates else [StepMode(t, False)]
-        # cheapest first (fewer tokens per row, then no EAGLE3 draft): equal rates go to the cheaper shape
-        modes.sort(key=lambda m: (m.tier.tokens_per_row, m.eagle3))
+        # cheapest first (fewer tokens per row, then no EAGLE3 draft, then fewer steps): equal rates go to the
+        # cheaper shape; without EAGLE3's draft two tiers of one topk and width are the same step (4-2-16/cache,
+        # 4-3-16/cache): the one of fewer steps stands for both
+        modes.sort(key=lambda m: (m.tier.tokens_per_row, m.eagle3, m.tier.shape.steps if m.tier.shape else 0))
+        modes = [m for i, m in enumerate(modes) if m.eagle3 or not m.tier.speculates or not any(
+            not o.eagle3 and o.tier.speculates and o.tier.shape.topk == m.tier.shape.topk
+            and o.tier.tokens_per_row == m.tier.tokens_per_row for o in modes[:i])]
         object.__setattr__(self, "modes", tuple(modes))
-        object.__setattr__(self, "eagle3_tokens", np.array(
-            [self.eagle3_curve.tokens(m) for m in range(MAX_TREE_NODES + 1)]))
+        served = self.served or max((t.shape for t in self.tiers if t.shape is not None),
+                                    key=lambda v: (v.nodes, v.steps), default=None)
+        by_nodes = [self.eagle3_curve.tokens(m) for m in range(MAX_TREE_NODES + 1)]
+        table = []
+        for m in modes:
+            cap = eagle3_cap(m.tier, served)
+            table.append([by_nodes[min(k, cap)] for k in range(MAX_TREE_NODES + 1)])
+        object.__setattr__(self, "eagle3_tokens", np.array(table))
         object.__setattr__(self, "kinds", np.array([m.kind for m in modes]))
         object.__setattr__(self, "nodes", np.array([min(m.tier.draft_nodes, MAX_TREE_NODES) for m in modes]))
 
@@ -100,7 +114,8 @@ def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray,
     expected to emit. A cache row of L nodes yields 1 + its expected accepted length at
     L (payoff.py), plus, beside M EAGLE3 nodes, P(its first token misses) x (the curve's
     tokens at M - 1); an EAGLE3 row the curve's tokens at its nodes (``eagle3_tokens``:
-    the curve by nodes); a plain row 1. Which rows take their cache draft:
+    the curve by nodes at this mode's tier, a row of ``CostRule.eagle3_tokens``); a plain
+    row 1. Which rows take their cache draft:
 
       no EAGLE3 draft       every drafted row (a row slot is paid for anyway)
       a topk-1 tier         a row whose cache chain is expected to beat EAGLE3's
@@ -143,12 +158,13 @@ def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.nd
     modes at once ([modes, B] arrays, a dozen numpy calls whatever the number of tiers)."""
     b = len(lens)
     n = cost.nodes[:, None]  # [modes, 1]
-    gain = cost.eagle3_tokens[n] - 1.0
+    mode = np.arange(len(cost.modes))[:, None]
+    gain = cost.eagle3_tokens[mode, n] - 1.0
     chain = payoff.accepted(np.minimum(lens[None, :], n))  # [modes, B]
     drafted = lens[None, :] > 0
     reserve = np.minimum(eagle_reserve, np.maximum(n - 1, 0))
     cache = np.where(use[None, :], np.minimum(lens[None, :], n - reserve), 0)
-    beside = np.where(use[None, :], cost.eagle3_tokens[n - cache] - 1.0, 0.0)
+    beside = np.where(use[None, :], cost.eagle3_tokens[mode, n - cache] - 1.0, 0.0)
     per_row = np.select(
         [cost.kinds[:, None] == PLAIN, cost.kinds[:, None] == CACHE_ONLY, cost.kinds[:, None] == CHAIN],
         [np.zeros_like(chain), chain, np.where(drafted, np.maximum(chain, gain), gain)],
@@ -169,5 +185,5 @@ def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np
     per-request controls (``mode_rows``), or None."""
     payoff = Payoff(predicted, lens, cap)
     rate = expected_tokens(cost, payoff, lens, use, eagle_reserve, control) / cost.step_ms(len(lens), context_tokens)
-    mode = cost.modes[int(np.argmax(rate))]
-    return mode, mode_rows(mode, payoff, lens, use, eagle_reserve, cost.eagle3_tokens)[0]
+    best = int(np.argmax(rate))
+    return cost.modes[best], mode_rows(cost.modes[best], payoff, lens, use, eagle_reserve, cost.eagle3_tokens[best])[0]

@@ -13,8 +13,9 @@ a server started at ``shape`` chooses from unless told otherwise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-from .verify import VerifyShape
+from .verify import MAX_TREE_NODES, VerifyShape
 
 OFF = "off"
 
@@ -89,16 +90,49 @@ def steps_for(topk: int, nodes: int) -> int:
     return steps
 
 
-def ladder(shape: VerifyShape) -> tuple[Tier, ...]:
-    """``off`` and the served shape's tiers of halved widths down to 2 nodes, each drafted
-    in the fewest steps that fill it (the served shape keeps its own steps):
-    4-3-16 -> off, 4-1-2, 4-1-4, 4-2-8, 4-3-16; 1-3-4 -> off, 1-1-2, 1-3-4."""
+def _halved(shape: VerifyShape) -> list[Tier]:
+    """The served shape and its tiers of halved widths down to 2 nodes, narrowest first, each
+    drafted in the fewest steps that fill it (the served shape keeps its own steps)."""
     tiers = [Tier(shape)]
     nodes = shape.nodes // 2
     while nodes >= 2:
         tiers.append(Tier(VerifyShape(shape.topk, steps_for(shape.topk, nodes), nodes)))
         nodes //= 2
-    return (Tier(),) + tuple(reversed(tiers))
+    return list(reversed(tiers))
+
+
+def ladder(shape: VerifyShape) -> tuple[Tier, ...]:
+    """``off``, the served shape's tiers of halved widths down to 2 nodes, each drafted in
+    the fewest steps that fill it, the served shape, and, when fewer steps fill its width
+    than it drafts, that width in the fewest steps (a cheaper EAGLE3 draft beside a full-width
+    cache branch): 4-3-16 -> off, 4-1-2, 4-1-4, 4-2-8, 4-2-16, 4-3-16; 1-3-4 -> off, 1-1-2, 1-3-4."""
+    tiers = _halved(shape)
+    fewest = steps_for(shape.topk, shape.nodes)
+    if fewest < shape.steps:
+        tiers.insert(len(tiers) - 1, Tier(VerifyShape(shape.topk, fewest, shape.nodes)))
+    return (Tier(),) + tuple(tiers)
+
+
+@functools.lru_cache(maxsize=256)
+def eagle3_depth_cap(steps: int, served: VerifyShape) -> int:
+    """The most EAGLE3 draft nodes the curve (verify.Eagle3Curve) values in a tree of
+    ``steps`` steps on a server of ``served``'s shape. The curve gives EAGLE3's tokens by
+    nodes for the trees of the served shape's halved widths (``ladder``'s, but for the
+    full width in fewer steps): each width drafted in the fewest steps that fill it, the served
+    width in the served steps. A tier that drafts as many nodes in fewer steps (4-2-16 beside
+    4-3-16) holds a shallower tree: it is valued as the widest of those trees drafted in
+    ``steps`` or fewer (4-2-8's 7 nodes), a lower bound (more nodes at the same depth accept
+    no fewer tokens). A chain (topk 1) is as deep as it has nodes: no cap."""
+    if served.topk == 1:
+        return MAX_TREE_NODES
+    return max((t.shape.draft_nodes for t in _halved(served) if t.shape.steps <= steps), default=0)
+
+
+def eagle3_cap(tier: Tier | None, served: VerifyShape) -> int:
+    """``eagle3_depth_cap`` of a step's tier (no cap for None or ``off``: nothing is drafted)."""
+    if tier is None or tier.shape is None:
+        return MAX_TREE_NODES
+    return eagle3_depth_cap(tier.shape.steps, served)
 
 
 STATIC_TIERS = "1-1-2,1-3-4,1-7-8,4-1-2,4-1-4,4-2-8,4-3-16"

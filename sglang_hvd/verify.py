@@ -207,12 +207,14 @@ class VerifyModel:
         """What a cache chain of the whole row accepts of a draft whose LCP is accept_len."""
         return min(accept_len, self.shape.draft_nodes)
 
-    def out_len(self, plan: RowPlan, accept_len: int, stream: Eagle3Stream) -> int:
-        """Tokens one verify emits for ``plan`` when the cache draft's LCP is ``accept_len``."""
+    def out_len(self, plan: RowPlan, accept_len: int, stream: Eagle3Stream, eagle3_cap: int = MAX_TREE_NODES) -> int:
+        """Tokens one verify emits for ``plan`` when the cache draft's LCP is ``accept_len``;
+        its EAGLE3 nodes valued at no more than ``eagle3_cap`` (a step's tier drafted in fewer
+        steps than the curve's trees of as many nodes: tiers.eagle3_depth_cap)."""
         a = min(accept_len, plan.cache_len)
         if a or not plan.eagle_nodes:
             return a + 1
-        return stream.draw(self.eagle3.tokens(plan.eagle_nodes))
+        return stream.draw(self.eagle3.tokens(min(plan.eagle_nodes, eagle3_cap)))
 
     def to_json(self) -> dict:
         return {"shape": self.shape.to_json(), "eagle3_curve": self.eagle3.text()}

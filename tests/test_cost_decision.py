@@ -13,8 +13,8 @@ from sglang_hvd.payoff import Payoff
 from sglang_hvd.request_control import AUTO, CACHE, EAGLE3, OFF
 from sglang_hvd.request_state import RequestState
 from sglang_hvd.step_profile import DraftCost, ForwardCost, HostCost, StepProfile
-from sglang_hvd.tiers import Tier, parse_tiers
-from sglang_hvd.verify import Eagle3Curve, RowPlan, VerifyShape
+from sglang_hvd.tiers import Tier, eagle3_cap, parse_tiers
+from sglang_hvd.verify import Eagle3Curve, Eagle3Stream, RowPlan, VerifyModel, VerifyShape
 from test_decision import ListGate, drafts
 
 SHAPE = VerifyShape(4, 3, 16)  # the gate's shape: predictions at 15 nodes
@@ -77,11 +77,11 @@ def test_mode_rows_by_hand_for_each_kind_of_mode():
     lens = np.array([3, 0, 1])
     payoff = Payoff(np.array([3.0, np.nan, 0.5]), lens, 15)
     use = np.array([True, False, True])  # the gate's threshold
-    curve = cost_rule(verify=(1.0, 0.0, 0.0, 0.0)).eagle3_tokens  # the default curve by nodes
+    rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0))
     chain, tree = Tier.parse("1-3-4"), Tier.parse("4-3-16")
 
-    def run(mode):
-        rows, tokens = mode_rows(mode, payoff, lens, use, 3, curve)
+    def run(mode):  # the rule's curve by nodes at the mode's tier: the default curve here (no tier is shallower)
+        rows, tokens = mode_rows(mode, payoff, lens, use, 3, rule.eagle3_tokens[rule.modes.index(mode)])
         return rows.tolist(), tokens
 
     assert run(StepMode(Tier(), eagle3=False)) == ([False, False, False], 3.0)  # a bonus token a row
@@ -102,12 +102,12 @@ def test_mode_rows_price_the_rows_per_request_controls():
     lens = np.array([3, 0, 1])
     payoff = Payoff(np.array([3.0, np.nan, 0.5]), lens, 15)
     use = np.array([True, False, True])
-    curve = cost_rule(verify=(1.0, 0.0, 0.0, 0.0)).eagle3_tokens
+    rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0))
     control = np.array([OFF, CACHE, EAGLE3], dtype=np.int8)
     chain, tree = Tier.parse("1-3-4"), Tier.parse("4-3-16")
 
     def tokens(mode):
-        return mode_rows(mode, payoff, lens, use, 3, curve, control)[1]
+        return mode_rows(mode, payoff, lens, use, 3, rule.eagle3_tokens[rule.modes.index(mode)], control)[1]
 
     assert tokens(StepMode(Tier(), eagle3=False)) == 3.0
     # off: 1; cache without a draft: 1; eagle3 without EAGLE3's draft: 1
@@ -128,6 +128,30 @@ def test_mode_rows_price_the_rows_per_request_controls():
     plan = decide(ListGate([15.0, 15.0]), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule,
                   control=mixed)
     assert plan.tier == Tier.parse("4-3-16") and [plan.plan(i) for i in range(2)] == [RowPlan(15, 0), RowPlan(0, 0)]
+
+
+def test_a_tier_drafting_its_width_in_fewer_steps_values_eagle3_at_its_depth():
+    # 4-2-16 beside the served 4-3-16: its 2-step tree is valued as 4-2-8's 7 nodes (1.95 tokens), 4-3-16's
+    # 15 nodes at 2.1, 4-2-8 itself at 1.95; a chain tier keeps its nodes
+    rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), tiers="off,1-3-4,4-2-8,4-2-16,4-3-16")
+    at = {m.name: rule.eagle3_tokens[i] for i, m in enumerate(rule.modes)}
+    assert (at["4-2-16"][15], at["4-3-16"][15], at["4-2-8"][7], at["1-3-4"][3]) == (1.95, 2.1, 1.95, 1.75)
+    assert at["4-2-16"][5] == at["4-3-16"][5] == pytest.approx(1.85)  # under the cap: the curve (3:1.75, 7:1.95)
+    # an EAGLE3 row alone: 4-2-16 yields 1 + 0.95, less than 4-3-16's 1 + 1.1 at the same width
+    lens, payoff = np.array([0]), Payoff(np.array([np.nan]), np.array([0]), 15)
+    rows = lambda name: mode_rows(StepMode(Tier.parse(name)), payoff, lens, np.array([False]), 0,  # noqa: E731
+                                  at[name])[1]
+    assert (rows("4-2-16"), rows("4-3-16")) == (pytest.approx(1.95), pytest.approx(2.1))
+    # a 3 ms verify, and one draft forward against two (1 ms each): 4-2-16 wins, 1.95 tokens in 4 ms against 2.1
+    # in 5 (and 1 in 3 without EAGLE3's draft)
+    rule = cost_rule(verify=(3.0, 0.0, 0.0, 0.0), eagle3=(0.0, 1.0, 0.0, 0.0), tiers="off,4-2-16,4-3-16")
+    mode, _ = choose_mode(rule, np.array([np.nan]), lens, np.array([False]), 0, 0.0, 15)
+    assert mode.name == "4-2-16"
+    # replay draws an EAGLE3 row of a 4-2-16 step at the same 7 nodes
+    model = VerifyModel(SHAPE)
+    assert model.out_len(RowPlan(0, 15), 0, Eagle3Stream(), eagle3_cap(Tier.parse("4-2-16"), SHAPE)) == 1
+    stream = Eagle3Stream()
+    assert sum(model.out_len(RowPlan(0, 15), 0, stream, 7) for _ in range(20)) == 39  # 20 x 1.95
 
 
 def test_a_step_mode_plans_every_row_at_its_tier():

@@ -30,20 +30,26 @@ def test_all_modes_at_once_equal_each_mode_alone(batch, reserve, context, contro
     control = np.array([r[3] for r in batch], dtype=np.int8) if controlled else None
     payoff = Payoff(pred, lens, 15)
     every = expected_tokens(COST, payoff, lens, use, reserve, control)
-    one_by_one = [mode_rows(m, payoff, lens, use, reserve, COST.eagle3_tokens, control)[1] for m in COST.modes]
+    one_by_one = [mode_rows(m, payoff, lens, use, reserve, COST.eagle3_tokens[i], control)[1]
+                  for i, m in enumerate(COST.modes)]
     np.testing.assert_allclose(every, one_by_one, rtol=1e-12)
     mode, chosen_rows = choose_mode(COST, pred, lens, use, reserve, context, 15, control)
     rate = [t / COST.profile.step_ms(m.tier, len(lens), context, m.eagle3) for m, t in zip(COST.modes, one_by_one)]
     assert mode == COST.modes[int(np.argmax(rate))]
-    np.testing.assert_array_equal(chosen_rows, mode_rows(mode, payoff, lens, use, reserve, COST.eagle3_tokens)[0])
+    at = COST.modes.index(mode)
+    np.testing.assert_array_equal(chosen_rows, mode_rows(mode, payoff, lens, use, reserve, COST.eagle3_tokens[at])[0])
 
 
 def test_modes_in_order_with_kinds():
-    # cheapest first: by tokens per row, then no EAGLE3 draft before one (ties go to the cheaper shape)
+    # cheapest first: by tokens per row, then no EAGLE3 draft before one, then fewer steps (ties go to the cheaper
+    # shape)
     assert [m.name for m in COST.modes] == [
-        "off", "1-1-2/cache", "4-1-2/cache", "1-1-2", "4-1-2", "1-3-4/cache", "4-1-4/cache", "1-3-4", "4-1-4",
+        "off", "1-1-2/cache", "4-1-2/cache", "1-1-2", "4-1-2", "4-1-4/cache", "1-3-4/cache", "4-1-4", "1-3-4",
         "4-2-8/cache", "4-2-8", "4-3-16/cache", "4-3-16"]
-    assert COST.kinds.tolist() == [0, 1, 1, 2, 3, 1, 1, 2, 3, 1, 3, 1, 3]
+    assert COST.kinds.tolist() == [0, 1, 1, 2, 3, 1, 1, 3, 2, 1, 3, 1, 3]
     assert COST.nodes.tolist() == [0, 1, 1, 1, 1, 3, 3, 3, 3, 7, 7, 15, 15]
     backwards = CostRule(COST.profile, Eagle3Curve(), parse_tiers("4-3-16,1-3-4,off"))
     assert [m.name for m in backwards.modes] == ["off", "1-3-4/cache", "1-3-4", "4-3-16/cache", "4-3-16"]
+    # without EAGLE3's draft, one topk's tiers of one width are one step: the fewer steps stand for both
+    same = CostRule(COST.profile, Eagle3Curve(), parse_tiers("off,4-3-16,4-2-16"))
+    assert [m.name for m in same.modes] == ["off", "4-2-16/cache", "4-2-16", "4-3-16"]

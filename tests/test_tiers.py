@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_hvd.tiers import STATIC_TIERS, Tier, ladder, parse_tiers, steps_for
-from sglang_hvd.verify import VerifyShape
+from sglang_hvd.tiers import STATIC_TIERS, Tier, eagle3_cap, eagle3_depth_cap, ladder, parse_tiers, steps_for
+from sglang_hvd.verify import MAX_TREE_NODES, VerifyShape
 
 
 def test_a_tier_parses_from_its_name_and_back():
@@ -57,12 +57,23 @@ def test_parse_tiers_keeps_order_drops_repeats_and_can_add_off():
 
 def test_a_served_shape_s_ladder_halves_its_width_at_its_own_topk():
     names = lambda shape: [t.name for t in ladder(shape)]  # noqa: E731
-    assert names(VerifyShape(4, 3, 16)) == ["off", "4-1-2", "4-1-4", "4-2-8", "4-3-16"]
+    # the served width also in the fewest steps that fill it (2 for 15 nodes at topk 4: 4 + 16 >= 15)
+    assert names(VerifyShape(4, 3, 16)) == ["off", "4-1-2", "4-1-4", "4-2-8", "4-2-16", "4-3-16"]
     assert names(VerifyShape(1, 3, 4)) == ["off", "1-1-2", "1-3-4"]
     assert names(VerifyShape(1, 7, 8)) == ["off", "1-1-2", "1-3-4", "1-7-8"]
-    assert names(VerifyShape(4, 3, 8)) == ["off", "4-1-2", "4-1-4", "4-3-8"]  # the served shape keeps its steps
+    assert names(VerifyShape(4, 3, 8)) == ["off", "4-1-2", "4-1-4", "4-2-8", "4-3-8"]  # the served one keeps its steps
+    assert names(VerifyShape(4, 2, 8)) == ["off", "4-1-2", "4-1-4", "4-2-8"]
     # a topk-4 tree of 7 draft nodes needs 2 steps (4 + 16 >= 7), of 4: 1; a chain of 7: 7
     assert (steps_for(4, 8), steps_for(4, 5), steps_for(4, 4), steps_for(1, 8)) == (2, 1, 1, 7)
+
+
+def test_eagle3_is_valued_no_deeper_than_a_tier_drafts():
+    # by steps 1, 2, 3: the widest halved tree of that many steps or fewer (4-1-4: 3 nodes, 4-2-8: 7, 4-3-16: 15)
+    assert [eagle3_depth_cap(s, VerifyShape(4, 3, 16)) for s in (1, 2, 3)] == [3, 7, 15]
+    assert [eagle3_depth_cap(s, VerifyShape(4, 5, 32)) for s in (1, 2, 3, 5)] == [3, 15, 15, 31]
+    assert eagle3_depth_cap(2, VerifyShape(1, 3, 4)) == MAX_TREE_NODES  # a chain is as deep as its nodes
+    assert eagle3_cap(Tier.parse("4-2-16"), VerifyShape(4, 3, 16)) == 7
+    assert eagle3_cap(Tier(), VerifyShape(4, 3, 16)) == eagle3_cap(None, VerifyShape(4, 3, 16)) == MAX_TREE_NODES
 
 
 def test_a_server_verifies_tiers_of_its_topk_no_wider_than_its_shape():
@@ -74,7 +85,7 @@ def test_a_server_verifies_tiers_of_its_topk_no_wider_than_its_shape():
     assert "topk 1, but the server drafts at topk 4" in serving_problem(Tier.parse("1-3-4"), served)
     assert "wider than the served shape 4-3-16" in serving_problem(Tier.parse("4-4-20"), served)
     # the default: off and the halved widths; the served shape is always there, tiers by width
-    assert [t.name for t in served_tiers(None, served)] == ["off", "4-1-2", "4-1-4", "4-2-8", "4-3-16"]
+    assert [t.name for t in served_tiers(None, served)] == ["off", "4-1-2", "4-1-4", "4-2-8", "4-2-16", "4-3-16"]
     assert [t.name for t in served_tiers("4-2-8,off", served)] == ["off", "4-2-8", "4-3-16"]
     with pytest.raises(ValueError, match="tier 1-1-2: topk 1"):
         served_tiers("off,1-1-2", served)

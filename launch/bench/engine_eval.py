@@ -469,7 +469,7 @@ def replay(convs: list[list], mode: str, gate, model: VerifyModel, drafter_confi
         fleet = serve_fleet(convs, AdaptiveEagle3Planner(model.shape.steps), model, concurrency, policy=mode)
         return {"fleet": fleet.to_json(mode), "sequential": None}
     if mode == "hvd_cost":
-        rule = CostRule(profile, model.eagle3, served_tiers(None, model.shape))
+        rule = CostRule(profile, model.eagle3, served_tiers(None, model.shape), served=model.shape)
         stepper = HVDStepper(create_drafter("native", drafter_config), gate, model.shape, step=rule)
         fleet = serve_fleet(convs, stepper, model, concurrency, policy=mode, profile=profile)
         return {"fleet": fleet.to_json(mode), "sequential": None, "modes": dict(stepper.stats.modes)}

@@ -38,8 +38,9 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
                         f"({', '.join(ESTIMATES)}; default: %(default)s)")
     g.add_argument("--tiers", type=tiers_flag, metavar="T,...",
                    help="the tiers cost-aware hvd chooses from, off or TOPK-STEPS-NODES, none wider than the gate's "
-                        "verify shape; one server serves tiers of its own topk only (default: off and the gate's shape "
-                        "halved down to 2 nodes, e.g. off,4-1-2,4-1-4,4-2-8,4-3-16 for a 4-3-16 gate)")
+                        "verify shape; one server serves tiers of its own topk only (default: off, the gate's shape "
+                        "halved down to 2 nodes, and its width in the fewest steps, e.g. off,4-1-2,4-1-4,4-2-8,4-2-16,"
+                        "4-3-16 for a 4-3-16 gate)")
     g.add_argument("--static-tiers", type=tiers_flag, metavar="T,...",
                    help=f"the tiers of the static policies eagle3@T, cache_only@T, hvd@T (default: those of "
                         f"{STATIC_TIERS} no wider than the gate, and hvd's --tiers)")
@@ -142,8 +143,12 @@ def print_level(c: int, policies: dict) -> None:
     other, other_tps = best_other(policies, ("hvd",))
     static, static_tps = max(((n, p["tokens_per_s"]) for n, p in policies.items() if n.startswith("hvd@")),
                              key=lambda kv: kv[1], default=("-", float("nan")))
-    print(f"cost-aware hvd: {hvd / other_tps:.3f}x the best other policy ({other}), {hvd / greedy:.3f}x greedy, "
-          f"{hvd / static_tps:.3f}x the best static hvd ({static})")
+    ratios = [f"{hvd / other_tps:.3f}x the best other policy ({other})"]
+    if "greedy" in policies:  # (--policies may leave it out)
+        ratios.append(f"{hvd / greedy:.3f}x greedy")
+    if static != "-":
+        ratios.append(f"{hvd / static_tps:.3f}x the best static hvd ({static})")
+    print(f"cost-aware hvd: {', '.join(ratios)}")
 
 
 def write(path: str | None, out: dict) -> None:

@@ -92,7 +92,10 @@ def make_planner(name: str, s: LoadSettings) -> Planner:
         stepper.host = HOST_DRAFTS  # SuffixDecoding pays for its drafts, not for a decision,
         stepper.extend = EXTEND_NONE  # and runs no draft model
         return stepper
-    step = StepMode(tier) if tier is not None else CostRule(s.profile, s.model.eagle3, s.tiers, extend=s.extend)
+    if tier is not None:
+        step = StepMode(tier)
+    else:
+        step = CostRule(s.profile, s.model.eagle3, s.tiers, extend=s.extend, served=s.model.shape)
     calibration = OnlineCalibration(s.model.shape.draft_nodes) if family == ONLINE else None
     stepper = HVDStepper(drafter, s.gate, s.model.shape, step=step, calibration=calibration)
     stepper.extend = s.extend

@@ -37,7 +37,7 @@ import numpy as np
 from ..decision import BatchPlan
 from ..drafter.row_tree import row_path
 from ..step_profile import EXTEND_EVERY_STEP, EXTEND_NONE, HOST_NONE, StepProfile
-from ..tiers import Tier
+from ..tiers import Tier, eagle3_cap
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream, RowPlan, VerifyModel
 from .metrics import SourceTally, overall
@@ -185,6 +185,7 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: Planner
             total_ms += step_ms
             row_ms = step_ms / len(rids)
         accepts = np.zeros(len(rids), dtype=np.int64)
+        cap = eagle3_cap(plans.tier, model.shape)  # EAGLE3's nodes valued at the step's depth
         for i, rid in enumerate(rids):
             r, _, stream = running[rid]
             pos = len(emitted[rid])
@@ -193,7 +194,7 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: Planner
             accepted = len(row_path(plans.cache_tokens[i, : plan.cache_len].tolist(),
                                     plans.cache_parents[i, : plan.cache_len].tolist(),
                                     r.output_ids[pos : pos + plan.cache_len].tolist()))
-            out = min(model.out_len(plan, accepted, stream), len(r.output_ids) - pos)
+            out = min(model.out_len(plan, accepted, stream, cap), len(r.output_ids) - pos)
             sources[r.source].policy(policy).add_step(plan, out, accepted, row_ms)
             emitted[rid].extend(r.output_ids[pos : pos + out].tolist())
             accepts[i] = out - 1

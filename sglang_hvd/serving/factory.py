@@ -99,5 +99,5 @@ def cost_rule(config: HVDServingConfig, gate: ServedScorer, shape: VerifyShape,
     if config.profile is not None:
         check_profile_model(profile, model_path, config.profile)
     return CostRule(profile, gate.verify_model.eagle3, tiers,
-                    extend=EXTEND_WHEN_DRAFTED if config.skip_idle_extend else EXTEND_EVERY_STEP)
+                    extend=EXTEND_WHEN_DRAFTED if config.skip_idle_extend else EXTEND_EVERY_STEP, served=shape)
 

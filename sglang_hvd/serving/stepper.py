@@ -29,6 +29,7 @@ from ..request_control import AUTO, FIGURES, figures
 from ..request_state import RequestState
 from ..scorer import ServedScorer
 from ..step_profile import EXTEND_EVERY_STEP, HOST_HVD
+from ..tiers import eagle3_cap
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
 from ..verify import VerifyShape
 from .eagle3_yield import Eagle3Yield
@@ -41,12 +42,13 @@ class _Step:
     """A plan's decisions as its rows' verifies read them: the BatchPlan, and its per-row
     counts as lists (made once per step, not once per row)."""
 
-    __slots__ = ("plans", "cache_lens", "eagle_nodes")
+    __slots__ = ("plans", "cache_lens", "eagle_nodes", "eagle3_cap")
 
-    def __init__(self, plans: BatchPlan):
+    def __init__(self, plans: BatchPlan, eagle3_cap: int):
         self.plans = plans
         self.cache_lens: list[int] = plans.cache_lens.tolist()
         self.eagle_nodes: list[int] = plans.eagle_nodes.tolist()
+        self.eagle3_cap = eagle3_cap  # the EAGLE3 nodes the step's depth is valued at (tiers.eagle3_cap)
 
 
 class _Verify:
@@ -269,7 +271,7 @@ class HVDStepper:
                 log.error("HVD gate failed at run time (%s: %s); this step and any like it use EAGLE3 drafts. "
                           "Further gate errors are counted, not logged.", e.__class__.__name__, e)
                 self._gate_error_logged = True
-        step = _Step(plans)
+        step = _Step(plans, eagle3_cap(plans.tier, self.shape))
         for i, s in enumerate(states):
             s.pending = _Verify(len(s.output), step, i)
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
@@ -363,7 +365,8 @@ class HVDStepper:
             own["eagle3_verifies"] += 1
             own["eagle3_accepted"] += a
             if self.eagle3_yield is not None:
-                self.eagle3_yield.observe(v.step.eagle_nodes[v.row], a + 1)
+                # a shallower tier's rows count at the nodes its depth is valued at (what the cost rule reads)
+                self.eagle3_yield.observe(min(v.step.eagle_nodes[v.row], v.step.eagle3_cap), a + 1)
             if record:
                 # topk 1: the EAGLE3 chain; a tree: the path the verify accepted.
                 draft = v.eagle_row or tuple(st.output[v.pos : v.pos + a])
