@@ -90,6 +90,9 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.hvd_config = HVDServingConfig.from_env()
+        # a prefill's requests enter the stepper at the prefill, but not on a PD-disaggregated prefill server (they
+        # decode elsewhere: nothing would ever take them out); a decode server takes each at its first decode step
+        self._hvd_admit_at_prefill = str(getattr(server_args, "disaggregation_mode", "null") or "null") != "prefill"
         parallel = get_parallel()
         self._hvd_tp_size = getattr(parallel, "tp_size", 1) or 1
         self._hvd_tp_rank = getattr(parallel, "tp_rank", 0) or 0
@@ -176,7 +179,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
     def forward_batch_generation(self, batch, *args, **kwargs):
         if not self._hvd_eligible(batch):
             out = super().forward_batch_generation(batch, *args, **kwargs)
-            if self.hvd is not None and self._hvd_prefill(batch):
+            if self.hvd is not None and self._hvd_admit_at_prefill and self._hvd_prefill(batch):
                 self._hvd_admit_new(batch)
             return out
         clock = self._hvd_clock

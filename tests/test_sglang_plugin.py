@@ -243,6 +243,7 @@ def _bare_worker(demo_dir, tmp_path, shape=None, rank=0, tp_size=1, group=None):
     w._hvd_packed, w._hvd_drafts_skipped, w._hvd_extends_skipped, w._hvd_step_shape = None, 0, 0, None
     w._hvd_clock = w._hvd_timings = w._hvd_refiner = None
     w._hvd_candidate, w._hvd_swaps = None, 0
+    w._hvd_admit_at_prefill = True
     w._draft_worker = types.SimpleNamespace(hvd_skip_draft=False)
     return w
 
@@ -361,6 +362,10 @@ def test_a_prefill_admits_its_requests_off_the_decode_steps(demo_dir, tmp_path, 
     # a prefill again of a request the stepper tracks (SGLang retracted it) admits nothing new
     w.forward_batch_generation(_prefill([a]))
     assert w.hvd.running() == ["a"] and w.hvd_stats()["step_errors"] == 0
+    # a PD-disaggregated prefill server admits none (they decode on another server)
+    w._hvd_admit_at_prefill = False
+    w.forward_batch_generation(_prefill([FakeReq("elsewhere", [1, 2, 3], [])]))
+    assert w.hvd.running() == ["a"]
 
 
 def test_a_failing_step_verifies_eagle3_rows_and_is_counted(demo_dir, tmp_path, caplog, stock_verify):
