@@ -254,10 +254,15 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
 
     def _hvd_admit_new(self, batch) -> None:
         """A prefill's new requests enter the stepper (their prompts indexed) now, after the
-        prefill's forwards were launched: off the decode steps, and on a GPU while it runs."""
+        prefill's forwards were launched: off the decode steps, and on a GPU while it runs.
+        Requests that cannot decode (at most one new token: scoring, logprobs) are left out;
+        those that ended at an earlier prefill leave first, so a server that only prefills
+        holds at most one batch's worth."""
         try:
+            self._hvd_collect_departed({req.rid for req in batch.reqs})
             for req in batch.reqs:
-                if req.rid not in self.hvd:
+                limit = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
+                if req.rid not in self.hvd and (limit is None or limit > 1):
                     self._hvd_admit(req)
         except Exception as e:  # the request is admitted again at its first decode step
             self._hvd_failed(e)

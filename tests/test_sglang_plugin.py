@@ -362,10 +362,24 @@ def test_a_prefill_admits_its_requests_off_the_decode_steps(demo_dir, tmp_path, 
     # a prefill again of a request the stepper tracks (SGLang retracted it) admits nothing new
     w.forward_batch_generation(_prefill([a]))
     assert w.hvd.running() == ["a"] and w.hvd_stats()["step_errors"] == 0
+    # a request that cannot decode (one new token at most: scoring) is not admitted; one that ended at its prefill
+    # leaves at the next prefill (a server that only prefills holds one batch), without a record or figures
+    score, short = FakeReq("score", [1, 2, 3], []), FakeReq("short", [4, 5, 6], [])
+    score.sampling_params = types.SimpleNamespace(max_new_tokens=1)
+    w.forward_batch_generation(_prefill([score, short]))
+    assert w.hvd.running() == ["a", "short"]
+    short._done, short.output_ids = True, [7]
+    w.forward_batch_generation(_prefill([FakeReq("next", [8, 9], [])]))
+    assert w.hvd.running() == ["a", "next"] and "short" not in w._hvd_reqs and not hasattr(short, "customized_info")
     # a PD-disaggregated prefill server admits none (they decode on another server)
     w._hvd_admit_at_prefill = False
     w.forward_batch_generation(_prefill([FakeReq("elsewhere", [1, 2, 3], [])]))
-    assert w.hvd.running() == ["a"]
+    assert w.hvd.running() == ["a", "next"]
+    w.hvd.recorder.close()
+    from sglang_hvd.trace import iter_traces
+
+    # nothing decoded to its end: "once" and "short" ended at their prefills, "a" still runs
+    assert list(iter_traces(str(tmp_path / "served0.jsonl"))) == []
 
 
 def test_a_failing_step_verifies_eagle3_rows_and_is_counted(demo_dir, tmp_path, caplog, stock_verify):

@@ -177,7 +177,8 @@ class HVDStepper:
 
     def finish(self, rid: str, final_output: Sequence[int] | None = None) -> dict | None:
         """The request ended: its response stays in the global cache; record its trace.
-        Returns the request's figures (request_control.figures; None: not tracked).
+        Returns the request's figures (request_control.figures; None: not tracked, or it
+        ended at its prefill: no decode row, nothing recorded).
 
         ``final_output``: the response as returned, when the server cut tokens it had
         already accepted (a stop string, max_new_tokens inside an accepted run).
@@ -193,6 +194,8 @@ class HVDStepper:
         self._resolve(st, final=True)
         if st.labels:
             self._label(st, final=True)
+        if not st.counts["rows"]:  # ended at its prefill (the server admits requests there): no decode row
+            return None
         if self.recorder is not None and st.output:
             self.recorder.record(TraceRecord(
                 req_id=rid, conv_id=rid, turn=0, source=self.source, tokenizer=self.tokenizer,
