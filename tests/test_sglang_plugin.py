@@ -288,9 +288,10 @@ def stock_verify(monkeypatch):
     return seen
 
 
-def _batch(reqs, vi):
-    mode = types.SimpleNamespace(is_idle=lambda: False, is_extend=lambda: False)
-    return types.SimpleNamespace(reqs=reqs, spec_info=vi, forward_mode=mode, is_extend_in_batch=False)
+def _batch(reqs, vi, prefill=False):
+    """A decode batch verifying ``vi``, or (``prefill``) a batch of prefills."""
+    mode = types.SimpleNamespace(is_idle=lambda: False, is_extend=lambda: prefill)
+    return types.SimpleNamespace(reqs=reqs, spec_info=vi, forward_mode=mode, is_extend_in_batch=prefill)
 
 
 def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify):
@@ -338,17 +339,12 @@ def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify)
     assert [(s.pos, s.src, s.draft, s.accept_len) for s in rec.steps] == [(0, "cache", (105, 106, 107), 3)]
 
 
-def _prefill(reqs):
-    mode = types.SimpleNamespace(is_idle=lambda: False, is_extend=lambda: True)
-    return types.SimpleNamespace(reqs=reqs, spec_info=None, forward_mode=mode, is_extend_in_batch=True)
-
-
 def test_a_prefill_admits_its_requests_off_the_decode_steps(demo_dir, tmp_path, stock_verify):
     w = _bare_worker(demo_dir, tmp_path)
     w.hvd.rule = dataclasses.replace(w.hvd.rule, threshold=-1.0)  # every cache draft
     repeated = list(range(100, 140))
     a, once = FakeReq("a", repeated + [7] + repeated[:5], []), FakeReq("once", [5, 6], [])
-    assert w.forward_batch_generation(_prefill([a, once])) == "verified"  # SGLang's prefill ran
+    assert w.forward_batch_generation(_batch([a, once], None, prefill=True)) == "verified"  # SGLang's prefill ran
     # both indexed at the prefill: known to the stepper and the drafter, no decode step planned
     assert w.hvd.running() == ["a", "once"] and w.hvd.stats.steps == 0 and set(w._hvd_reqs) == {"a", "once"}
     assert list(w.hvd.drafter.speculate("a").tokens[:3]) == [105, 106, 107]
@@ -360,20 +356,20 @@ def test_a_prefill_admits_its_requests_off_the_decode_steps(demo_dir, tmp_path, 
     assert vi.draft_token.tolist()[1:] == [106, 107, 108] and w.hvd.stats.steps == 1
     assert w.hvd.running() == ["a"] and set(w._hvd_reqs) == {"a"}
     # a prefill again of a request the stepper tracks (SGLang retracted it) admits nothing new
-    w.forward_batch_generation(_prefill([a]))
+    w.forward_batch_generation(_batch([a], None, prefill=True))
     assert w.hvd.running() == ["a"] and w.hvd_stats()["step_errors"] == 0
     # a request that cannot decode (one new token at most: scoring) is not admitted; one that ended at its prefill
     # leaves at the next prefill (a server that only prefills holds one batch), without a record or figures
     score, short = FakeReq("score", [1, 2, 3], []), FakeReq("short", [4, 5, 6], [])
     score.sampling_params = types.SimpleNamespace(max_new_tokens=1)
-    w.forward_batch_generation(_prefill([score, short]))
+    w.forward_batch_generation(_batch([score, short], None, prefill=True))
     assert w.hvd.running() == ["a", "short"]
     short._done, short.output_ids = True, [7]
-    w.forward_batch_generation(_prefill([FakeReq("next", [8, 9], [])]))
+    w.forward_batch_generation(_batch([FakeReq("next", [8, 9], [])], None, prefill=True))
     assert w.hvd.running() == ["a", "next"] and "short" not in w._hvd_reqs and not hasattr(short, "customized_info")
     # a PD-disaggregated prefill server admits none (they decode on another server)
     w._hvd_admit_at_prefill = False
-    w.forward_batch_generation(_prefill([FakeReq("elsewhere", [1, 2, 3], [])]))
+    w.forward_batch_generation(_batch([FakeReq("elsewhere", [1, 2, 3], [])], None, prefill=True))
     assert w.hvd.running() == ["a", "next"]
     w.hvd.recorder.close()
     from sglang_hvd.trace import iter_traces
