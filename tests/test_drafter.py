@@ -386,6 +386,51 @@ def test_native_equals_python_on_the_synthetic_traces(synth_traces):
 
 @pytest.mark.shared_data
 @pytest.mark.skipif("native" not in DRAFTERS, reason="the native drafter is not built")
+def test_native_row_trees_equal_python_s_in_a_batch_served_as_the_server_does(shared_traces):
+    """A step's chains, then its row trees (the native drafter grows each from the set its
+    chain was walked from): the same rows as the reference, which searches the set again.
+    Eight requests in flight, every token appended in one batch per step."""
+    from sglang_hvd.trace import iter_traces
+
+    path, _ = shared_traces
+    records = [r for r in iter_traces(path) if r.source == "tau-bench"][:24]
+    drafters = [create_drafter(name, DrafterConfig(global_max_tokens=20_000)) for name in ("native", "python")]
+    rows_seen = branching = 0  # rows, and rows whose tree branches (siblings beside the chain)
+    for start in range(0, len(records), 8):
+        batch = records[start : start + 8]
+        pos = {r.req_id: 0 for r in batch}
+        for d in drafters:
+            for r in batch:
+                d.start_request(r.req_id, r.prompt_ids)
+        while pos:
+            rids = list(pos)
+            got = []
+            for d in drafters:
+                chains = d.speculate_arrays(rids)
+                rows = d.speculate_rows(rids, 15)
+                got.append((chains.tokens.tolist(), rows.tokens.tolist(), rows.parents.tolist(), rows.probs.tolist(),
+                            rows.lengths.tolist()))
+            assert got[0] == got[1]
+            rows_seen += len(rids)
+            branching += sum(ps[:n] != list(range(-1, n - 1)) for ps, n in zip(got[0][2], got[0][4]))
+            done = []
+            for r in batch:
+                if r.req_id in pos:
+                    pos[r.req_id] += 3  # three tokens a step
+                    if pos[r.req_id] >= len(r.output_ids):
+                        done.append(r.req_id)
+            for d in drafters:
+                d.append_batch(rids, [r.output_ids[pos[r.req_id] - 3 : pos[r.req_id]].tolist()
+                                      for r in batch if r.req_id in pos])
+                for rid in done:
+                    d.finish_request(rid)
+            for rid in done:
+                del pos[rid]
+    assert (rows_seen, branching) == (863, 273)
+
+
+@pytest.mark.shared_data
+@pytest.mark.skipif("native" not in DRAFTERS, reason="the native drafter is not built")
 def test_native_equals_python_on_dev_traces(shared_traces):
     """Same drafts, scores and match lengths at every position of real agentic traces."""
     from sglang_hvd.trace import iter_traces

@@ -69,19 +69,20 @@ public:
         int n = static_cast<int>(std::min<int64_t>(d.len, cfg_.max_depth));
         const int32_t* tail = own.arena() + d.start + d.len - n;
         Draft a = search_.best(own, tail, n, LOCAL);
+        ChainSet set_a = search_.take_chain_set();
         Draft b = search_.best(global_, tail, n, GLOBAL);
-        Draft& best = a.score >= b.score ? a : b;
-        last_chain_[req] = {epoch_, best};
-        return best;
+        const bool local = a.score >= b.score;
+        Chain& kept = last_chain_[req];
+        kept.epoch = epoch_;
+        kept.draft = local ? std::move(a) : std::move(b);
+        kept.set = local ? std::move(set_a) : search_.take_chain_set();
+        return kept.draft;
     }
 
-    // The request's chain: the one speculate returned, while nothing has changed since
-    // (a step's speculate_batch, then its row trees); else a new search.
-    Draft chain(int64_t req) {
-        auto it = last_chain_.find(req);
-        if (it != last_chain_.end() && it->second.first == epoch_) return it->second.second;
-        return speculate(req);
-    }
+    // The request's chain and the occurrence set it was walked from: the one speculate
+    // returned, while nothing has changed since (a step's speculate_batch, then its row
+    // trees); else a new search.
+    const Draft& chain(int64_t req) { return kept_chain(req).draft; }
 
     // The best tree of at most max_nodes nodes; with only_tree (LOCAL or GLOBAL) and only_p,
     // the tree of that one occurrence set (a chain draft's own: its tree and match length).
@@ -101,10 +102,14 @@ public:
     // occurrence set (max_nodes nodes); none without a chain (a row tree extends a chain). A
     // certain chain (path probability 1 at every token) is its own row: no tree is grown.
     RowTree speculate_row(int64_t req, int max_nodes) {
-        const Draft chain = this->chain(req);
+        const Chain& kept = kept_chain(req);
+        const Draft& chain = kept.draft;
         if (chain.tokens.empty()) return RowTree{};
         if (chain.probs.back() >= 1.0) return row_tree(chain, TreeDraft{}, max_nodes);
-        return row_tree(chain, speculate_tree(req, max_nodes, chain.tree, chain.match_len), max_nodes);
+        // the tree of the chain's own set (speculate_tree(req, max_nodes, chain.tree, chain.match_len)),
+        // grown from the set the chain's search found
+        Index& ix = chain.tree == LOCAL ? running(req) : global_;
+        return row_tree(chain, search_.tree_of(ix, kept.set, chain.tree, max_nodes), max_nodes);
     }
 
     std::vector<int32_t> context(int64_t req) {
@@ -133,6 +138,21 @@ public:
 
 private:
     static constexpr size_t kRecentIndexes = 16;
+
+    struct Chain {
+        uint64_t epoch = 0;
+        Draft draft;
+        ChainSet set;  // the occurrence set draft was walked from
+    };
+
+    Chain& kept_chain(int64_t req) {
+        auto it = last_chain_.find(req);
+        if (it == last_chain_.end() || it->second.epoch != epoch_) {
+            speculate(req);
+            it = last_chain_.find(req);
+        }
+        return it->second;
+    }
 
     // A request's own index: a recently finished one sharing a long prefix with the prompt,
     // cut back to that prefix and extended; else a fresh one. Either holds exactly the
@@ -189,7 +209,7 @@ private:
     std::unordered_set<int64_t> finished_set_;
     int64_t evicted_ = 0;
     uint64_t epoch_ = 0;  // bumped by every change (changed())
-    std::unordered_map<int64_t, std::pair<uint64_t, Draft>> last_chain_;  // running request -> (epoch, its chain then)
+    std::unordered_map<int64_t, Chain> last_chain_;  // running request -> its chain at an epoch
 };
 
 }  // namespace hvd

@@ -75,6 +75,18 @@ struct TreeDraft : Draft {
     }
 };
 
+// The occurrence set a chain draft was walked from (``Searcher::best`` keeps its winner's):
+// a tree of the chain's own set grows from it without looking the set up again
+// (``Searcher::tree_of``: the same tree as ``best_tree`` with only_p = the chain's match length).
+struct ChainSet {
+    bool valid = false;
+    bool one_token = false;  // the one-token pattern's set E1 (its first level from the successor table)
+    int32_t last = 0;        // (one_token) the context's last token
+    int p_lo = 0, p_hi = 0, limit = 0;
+    int64_t walked = 0;          // the set's size (a draft's match_count)
+    std::vector<int64_t> ends;   // (not one_token) its occurrences' ends, ascending
+};
+
 class Searcher {
 public:
     explicit Searcher(const Config& c) : cfg_(c) {
@@ -82,8 +94,32 @@ public:
         for (int p = 0; p <= c.max_depth; ++p) budgets_[p] = c.budget(p);
     }
 
-    // ctx: the context's last min(len, max_depth) tokens.
-    Draft best(Index& ix, const int32_t* ctx, int n, int tree) { return search<Draft>(ix, ctx, n, tree, 0); }
+    // ctx: the context's last min(len, max_depth) tokens. The winner's occurrence set is kept
+    // (``take_chain_set``).
+    Draft best(Index& ix, const int32_t* ctx, int n, int tree) {
+        chain_set_.valid = false;
+        return search<Draft>(ix, ctx, n, tree, 0);
+    }
+
+    // The occurrence set of the last ``best``'s draft (valid false: it found none).
+    ChainSet take_chain_set() { return std::move(chain_set_); }
+
+    // The tree of at most max_nodes nodes grown from a chain's own set: what best_tree(ix, ctx,
+    // n, tree, max_nodes, chain.match_len) returns, for the index and context ``set`` came from.
+    TreeDraft tree_of(Index& ix, const ChainSet& set, int tree, int max_nodes) {
+        TreeDraft best;
+        if (max_nodes < 1 || !set.valid || std::min(set.limit, max_nodes) <= 0) return best;
+        TreeDraft d;
+        if (set.one_token) {
+            const int64_t e1_count = ix.count(set.last);
+            grow(ix, set.limit, max_nodes, d, [&](auto&& push) { seed_one_token(ix, set.last, e1_count, push); });
+        } else {
+            cur_ = set.ends;
+            grow(ix, set.limit, max_nodes, d, [&](auto&& push) { push_children(ix, cur_, -1, 1.0, 1, push); });
+        }
+        consider(d, set.walked, set.p_lo, set.p_hi, tree, best);
+        return best;
+    }
 
     // The best tree of at most max_nodes nodes: the same sets, bounds and tie rules;
     // only_p > 0: only from the set of the pattern length only_p (a chain's own set).
@@ -161,11 +197,20 @@ private:
                 std::sort(cur_.begin(), cur_.end());
                 const int64_t walked = static_cast<int64_t>(cur_.size());
                 Out d;
-                if constexpr (kTree)
+                if constexpr (kTree) {
                     grow(ix, limit, max_nodes, d, [&](auto&& push) { push_children(ix, cur_, -1, 1.0, 1, push); });
-                else
+                    consider(d, walked, p_lo, p_hi, tree, best);
+                } else {
+                    walked_set_ = cur_;
                     walk(ix, cur_, limit, 1.0, d);  // (narrows cur_)
-                consider(d, walked, p_lo, p_hi, tree, best);
+                    if (consider(d, walked, p_lo, p_hi, tree, best)) {
+                        chain_set_.valid = true;
+                        chain_set_.one_token = false;
+                        chain_set_.p_lo = p_lo, chain_set_.p_hi = p_hi, chain_set_.limit = limit;
+                        chain_set_.walked = walked;
+                        chain_set_.ends.swap(walked_set_);
+                    }
+                }
             }
         }
         if (!merged && (only_p == 0 || only_p == 1)) {
@@ -176,15 +221,7 @@ private:
                 int64_t c;
                 Out d;
                 if constexpr (kTree) {
-                    // Its first level counts all of E1 (the successor table); each child's
-                    // occurrences are fetched when it is expanded, the newest K of them.
-                    grow(ix, limit, max_nodes, d, [&](auto&& push) {
-                        ix.successors(last, succ_buf_);
-                        for (auto& [t, count, newest] : succ_buf_) {
-                            double child = 1.0 * (static_cast<double>(count) / static_cast<double>(e1_count));
-                            if (child >= cfg_.min_token_prob) push(Front{child, 1, newest, t, -1, -1, count, last});
-                        }
-                    });
+                    grow(ix, limit, max_nodes, d, [&](auto&& push) { seed_one_token(ix, last, e1_count, push); });
                 } else if (ix.best_successor(last, tok, c)) {
                     double prob = static_cast<double>(c) / static_cast<double>(e1_count);
                     if (prob >= cfg_.min_token_prob) {
@@ -197,10 +234,27 @@ private:
                         }
                     }
                 }
-                consider(d, e1_count, 1, 1, tree, best);
+                if (consider(d, e1_count, 1, 1, tree, best) && !kTree) {
+                    chain_set_.valid = chain_set_.one_token = true;
+                    chain_set_.last = last;
+                    chain_set_.p_lo = chain_set_.p_hi = 1, chain_set_.limit = limit;
+                    chain_set_.walked = e1_count;
+                    chain_set_.ends.clear();
+                }
             }
         }
         return best;
+    }
+
+    // The one-token pattern's first tree level: all of E1 counted (the successor table); each
+    // child's occurrences are fetched when it is expanded, the newest K of them.
+    template <class Push>
+    void seed_one_token(Index& ix, int32_t last, int64_t e1_count, Push&& push) {
+        ix.successors(last, succ_buf_);
+        for (auto& [t, count, newest] : succ_buf_) {
+            double child = 1.0 * (static_cast<double>(count) / static_cast<double>(e1_count));
+            if (child >= cfg_.min_token_prob) push(Front{child, 1, newest, t, -1, -1, count, last});
+        }
     }
 
     int best_length(int lo, int hi) const {
@@ -210,12 +264,13 @@ private:
         return best;
     }
 
+    // d becomes best if it scores more (returns whether it did).
     template <class Out>
-    void consider(Out& d, int64_t set_size, int p_lo, int p_hi, int tree, Out& best) {
-        if (d.tokens.empty()) return;
+    bool consider(Out& d, int64_t set_size, int p_lo, int p_hi, int tree, Out& best) {
+        if (d.tokens.empty()) return false;
         double score = 0.0;
         for (double p : d.probs) score += p;  // summed in order, as the reference does
-        if (!(score > best.score)) return;
+        if (!(score > best.score)) return false;
         int depth;
         if constexpr (std::is_same_v<Out, TreeDraft>)
             depth = d.depth();
@@ -228,6 +283,7 @@ private:
         d.match_count = set_size;
         d.tree = tree;
         best = std::move(d);
+        return true;
     }
 
     // Greedy walk from the occurrences `cur` (ascending end positions), appending to d
@@ -367,7 +423,8 @@ private:
     std::vector<std::pair<int32_t, int64_t>> next_;
     std::vector<std::tuple<int32_t, int64_t, int64_t>> succ_buf_;
     std::vector<int32_t> rev_;
-    std::vector<int64_t> ends_, cur_;
+    std::vector<int64_t> ends_, cur_, walked_set_;
+    ChainSet chain_set_;  // the occurrence set of best's winner so far (search<Draft>)
     std::vector<int> match_;
     std::vector<int32_t> order_, newest_;
     std::vector<std::pair<int32_t, int64_t>> kids_;
