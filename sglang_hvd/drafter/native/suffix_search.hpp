@@ -302,29 +302,51 @@ private:
                 }
                 break;
             }
-            // (token, stamp) of every continuation; sorted, runs are children.
-            kids_.clear();
-            bool one_child = true;  // every occurrence continues with the same token (repetitive text)
-            for (int64_t e : cur)
-                if (arena[e + 1] >= 0) {
-                    kids_.emplace_back(arena[e + 1], stamps[e + 1]);
-                    one_child = one_child && kids_.back().first == kids_.front().first;
-                }
-            if (kids_.empty()) break;
-            if (!one_child) std::sort(kids_.begin(), kids_.end());
+            // The children: (token, count, newest stamp) of the continuations, counted in a
+            // small table while they are few (the common case), else from the sorted
+            // (token, stamp) pairs, whose runs are children. The best has the most
+            // occurrences, then the newest stamp (unique per position): the same whatever
+            // the order children are met in.
             int32_t tok = -1;
             int64_t best_count = 0, best_stamp = -1;
-            for (size_t i = 0; i < kids_.size();) {
-                size_t j = i;
-                while (j < kids_.size() && kids_[j].first == kids_[i].first) ++j;
-                int64_t count = static_cast<int64_t>(j - i);
-                int64_t newest = kids_[j - 1].second;
+            auto offer = [&](int32_t t, int64_t count, int64_t newest) {
                 if (count > best_count || (count == best_count && newest > best_stamp)) {
-                    tok = kids_[i].first;
+                    tok = t;
                     best_count = count;
                     best_stamp = newest;
                 }
-                i = j;
+            };
+            few_.clear();
+            bool many = false;
+            for (int64_t e : cur) {
+                const int32_t t = arena[e + 1];
+                if (t < 0) continue;
+                size_t j = 0;
+                while (j < few_.size() && few_[j].tok != t) ++j;
+                if (j == few_.size()) {
+                    if (j == kFewChildren) {
+                        many = true;
+                        break;
+                    }
+                    few_.push_back(Kid{t, 0, -1});
+                }
+                few_[j].count += 1;
+                few_[j].newest = std::max(few_[j].newest, stamps[e + 1]);
+            }
+            if (!many) {
+                if (few_.empty()) break;
+                for (const Kid& k : few_) offer(k.tok, k.count, k.newest);
+            } else {
+                kids_.clear();
+                for (int64_t e : cur)
+                    if (arena[e + 1] >= 0) kids_.emplace_back(arena[e + 1], stamps[e + 1]);
+                std::sort(kids_.begin(), kids_.end());
+                for (size_t i = 0; i < kids_.size();) {
+                    size_t j = i;
+                    while (j < kids_.size() && kids_[j].first == kids_[i].first) ++j;
+                    offer(kids_[i].first, static_cast<int64_t>(j - i), kids_[j - 1].second);
+                    i = j;
+                }
             }
             prob *= static_cast<double>(best_count) / static_cast<double>(cur.size());
             if (prob < cfg_.min_token_prob) break;
@@ -428,6 +450,12 @@ private:
     std::vector<int> match_;
     std::vector<int32_t> order_, newest_;
     std::vector<std::pair<int32_t, int64_t>> kids_;
+    struct Kid {
+        int32_t tok;
+        int64_t count, newest;
+    };
+    static constexpr size_t kFewChildren = 16;  // children counted in a table; more: sorted
+    std::vector<Kid> few_;
 };
 
 }  // namespace hvd
