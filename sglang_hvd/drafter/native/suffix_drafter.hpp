@@ -79,11 +79,6 @@ public:
         return kept.draft;
     }
 
-    // The request's chain and the occurrence set it was walked from: the one speculate
-    // returned, while nothing has changed since (a step's speculate_batch, then its row
-    // trees); else a new search.
-    const Draft& chain(int64_t req) { return kept_chain(req).draft; }
-
     // The best tree of at most max_nodes nodes; with only_tree (LOCAL or GLOBAL) and only_p,
     // the tree of that one occurrence set (a chain draft's own: its tree and match length).
     TreeDraft speculate_tree(int64_t req, int max_nodes, int only_tree = NO_TREE, int only_p = 0) {
@@ -145,6 +140,9 @@ private:
         ChainSet set;  // the occurrence set draft was walked from
     };
 
+    // The request's chain and the occurrence set it was walked from: the one speculate
+    // returned, while nothing has changed since (a step's speculate_batch, then its row
+    // trees); else a new search.
     Chain& kept_chain(int64_t req) {
         auto it = last_chain_.find(req);
         if (it == last_chain_.end() || it->second.epoch != epoch_) {
