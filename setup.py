@@ -16,6 +16,7 @@ native = Pybind11Extension(
         "sglang_hvd/drafter/native/suffix_search.hpp",
         "sglang_hvd/drafter/native/suffix_drafter.hpp",
         "sglang_hvd/drafter/native/row_tree.hpp",
+        "sglang_hvd/drafter/native/request_state.hpp",
     ],
     cxx_std=17,
     extra_compile_args=["-O3"],

@@ -230,10 +230,7 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
                 payoff = calibration.apply(np.where(judged, pred, np.nan))
             use = judged & ((pred if payoff is None else payoff) > threshold)
     if any(lens_list):
-        rows = drafts.tokens[:, : max(lens_list)].tolist()
-        for s, n_i, t in zip(states, lens_list, rows):
-            if n_i:
-                s.record(t[:n_i])
+        type(states[0]).record_rows(states, drafts.tokens, lens)
     if error is not None or step is None:
         mode = _at_shape(shape)
     elif isinstance(step, CostRule):

@@ -10,6 +10,11 @@ recorded: what features.FeatureExtractor reads beside the drafts. ``StateBatch.o
 snaps a decode batch; training snaps one row at a time (``RequestState.snapshot``) and
 stacks them (``StateBatch.stack``): one front-end, the same arrays.
 
+``new_request_state(prompt)``: the state the serving stepper and replay keep, native
+(drafter/native/request_state.hpp: the same values, a batch packed and recorded in one
+call each) where the drafter's extension is built, else this module's RequestState, the
+reference (training's snapshots). A batch's states are all of one kind.
+
 No label leakage: every history value at position p is computed from tokens before p.
 A draft made at q < p is compared only with output[q:p]; its ``confirmed`` count is
 min(accept_len(q), p - q) and it counts as broken only once a mismatch lies before p.
@@ -32,6 +37,11 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
+try:
+    from .drafter._native import RequestState as NativeRequestState
+except ImportError:  # the extension is not built: the reference serves (native_drafter.py logs why)
+    NativeRequestState = None
 
 HISTORY_K = 4  # earlier drafts shown one by one
 MISS_WINDOW = 16  # drafts over which the first-token miss rate is taken
@@ -154,6 +164,31 @@ class RequestState:
         tail = self.tail
         return [self.pos, self.num_prompt_tokens, len(tail), *tail, *_NO_TAIL[len(tail):], *self.history.scalars()]
 
+    @staticmethod
+    def pack_rows(states: Sequence[RequestState]) -> list:
+        """The states' rows in StateBatch's packed layout, one list (the native state's returns an array)."""
+        flat = []
+        for s in states:
+            flat += s.row()
+        return flat
+
+    @staticmethod
+    def record_rows(states: Sequence[RequestState], tokens: np.ndarray, lens: np.ndarray) -> None:
+        """Row i's draft, ``tokens[i, :lens[i]]`` (none when 0), into states[i]."""
+        lens_list = lens.tolist()
+        if any(lens_list):
+            rows = tokens[:, : max(lens_list)].tolist()
+            for s, n, t in zip(states, lens_list, rows):
+                if n:
+                    s.record(t[:n])
+
+
+def new_request_state(prompt_ids: Sequence[int] | np.ndarray):
+    """A request's decision state: native where built, else the reference (module docstring)."""
+    if NativeRequestState is not None:
+        return NativeRequestState(np.asarray(prompt_ids, dtype=np.int32))
+    return RequestState(prompt_ids)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StateSnapshot:
@@ -188,15 +223,15 @@ class StateBatch:
 
     @classmethod
     def of(cls, states: Sequence[RequestState]) -> StateBatch:
-        flat = []
-        for s in states:
-            flat += s.row()
-        return cls._unpack(flat, len(states))
+        """A decode batch's states (all of one kind: new_request_state's)."""
+        if not states:
+            return cls._unpack([], 0)
+        return cls._unpack(type(states[0]).pack_rows(states), len(states))
 
     @classmethod
-    def _unpack(cls, flat: list, b: int) -> StateBatch:
-        """B rows of ``_COLUMNS`` values each, in one list: one float64 array (token ids and
-        counts are exact in it), cut into the fields."""
-        a = np.array(flat, dtype=np.float64).reshape(b, _COLUMNS)
+    def _unpack(cls, flat, b: int) -> StateBatch:
+        """B rows of ``_COLUMNS`` values each, in one list or array: one float64 array (token
+        ids and counts are exact in it), cut into the fields."""
+        a = np.asarray(flat, dtype=np.float64).reshape(b, _COLUMNS)
         tails = a[:, 3 : 3 + TAIL_TOKENS].astype(np.int64)
         return cls(a[:, 0], a[:, 1], a[:, 3 + TAIL_TOKENS :].astype(np.float32), tails, a[:, 2].astype(np.int64))

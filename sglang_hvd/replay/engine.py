@@ -27,7 +27,7 @@ import numpy as np
 
 from ..drafter.protocol import EMPTY_DRAFT, Draft, Drafter
 from ..drafter.row_tree import EMPTY_ROW, accept_len, accepted_within, chain_path, row_path, speculate_row
-from ..request_state import RequestState
+from ..request_state import new_request_state
 from ..trace import TraceRecord
 from ..verify import Eagle3Stream, RowPlan, VerifyModel
 from .policies import GREEDY_ROW, Policy, StepView
@@ -148,7 +148,7 @@ def iter_serving(
                          else chain_path(min(label, shape.draft_nodes)))
         streams = [Eagle3Stream() for _ in policies]
         # Only policies that read the request's state (the gate) pay for keeping it.
-        states = [RequestState(record.prompt_ids) if p.needs_state else None for p in policies]
+        states = [new_request_state(record.prompt_ids) if p.needs_state else None for p in policies]
         position = [0] * len(policies)
         if prefill_first and n:
             for i, policy in enumerate(policies):

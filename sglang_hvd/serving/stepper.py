@@ -26,7 +26,7 @@ from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, chain_parents, row_path
 from ..request_control import AUTO, FIGURES, figures
-from ..request_state import RequestState
+from ..request_state import new_request_state
 from ..scorer import ServedScorer
 from ..step_profile import EXTEND_EVERY_STEP, HOST_HVD
 from ..tiers import eagle3_cap
@@ -73,7 +73,7 @@ class _Request:
         # its own share of StepStats' counts (request_control.FIGURES), for its response
         self.counts = dict.fromkeys(FIGURES, 0)
         self.output: list[int] = []
-        self.state = RequestState(prompt)
+        self.state = new_request_state(prompt)
         self.pending: _Verify | None = None
         self.steps: list[TraceStep] = []
         self.bucket = bucket  # its calibration bucket (calibration.py)

@@ -1,9 +1,11 @@
 // Python bindings of the native drafter (pybind11). Batch calls release the GIL and
-// return numpy arrays: no per-token Python objects on the serving path.
+// return numpy arrays: no per-token Python objects on the serving path. The native
+// decision state (request_state.hpp) is bound here too: one extension, one build.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "request_state.hpp"
 #include "suffix_drafter.hpp"
 
 namespace py = pybind11;
@@ -191,4 +193,56 @@ PYBIND11_MODULE(_native, m) {
         .def("evicted", &SuffixDrafter::evicted)
         .def("compactions", &SuffixDrafter::compactions)
         .def("reused_prompt_tokens", &SuffixDrafter::reused_prompt_tokens);
+
+    using hvd::RequestState;
+    m.attr("STATE_COLUMNS") = hvd::kColumns;  // request_state._COLUMNS (a test holds them equal)
+    py::class_<RequestState>(m, "RequestState")
+        .def(py::init([](I32 prompt) {
+                 auto p = prompt.unchecked<1>();
+                 return new RequestState(p.shape(0) ? p.data(0) : nullptr, p.shape(0));
+             }),
+             py::arg("prompt_ids"))
+        .def("observe", [](RequestState& s, const std::vector<int32_t>& tokens) {
+            s.observe(tokens.data(), static_cast<int64_t>(tokens.size()));
+        })
+        .def("record", [](RequestState& s, const std::vector<int32_t>& tokens) {
+            s.record(tokens.data(), static_cast<int64_t>(tokens.size()));
+        })
+        .def("row", [](const RequestState& s) {
+            std::vector<double> out(hvd::kColumns);
+            s.row(out.data());
+            return out;
+        })
+        .def("snapshot", [](const RequestState& s) {  // RequestState.snapshot: request_state.StateSnapshot
+            std::vector<double> r(hvd::kColumns);
+            s.row(r.data());
+            const auto tail = s.tail();
+            py::tuple tokens(tail.size()), history(hvd::kNumHistory);
+            for (size_t i = 0; i < tail.size(); ++i) tokens[i] = py::int_(tail[i]);
+            for (int i = 0; i < hvd::kNumHistory; ++i) history[i] = py::float_(r[3 + hvd::kTailTokens + i]);
+            py::object snapshot = py::module_::import("sglang_hvd.request_state").attr("StateSnapshot");
+            return snapshot(s.pos(), s.num_prompt_tokens(), tokens, history);
+        })
+        .def_property_readonly("pos", &RequestState::pos)
+        .def_property_readonly("num_prompt_tokens", &RequestState::num_prompt_tokens)
+        .def_property_readonly("tail", &RequestState::tail)
+        // A batch's states in StateBatch's packed layout: [B, columns] float64, one call.
+        .def_static("pack_rows", [](const py::sequence& states) {
+            const py::ssize_t b = static_cast<py::ssize_t>(py::len(states));
+            py::array_t<double> out({b, static_cast<py::ssize_t>(hvd::kColumns)});
+            double* o = out.mutable_data();
+            for (py::ssize_t i = 0; i < b; ++i) states[i].cast<const RequestState&>().row(o + i * hvd::kColumns);
+            return out;
+        })
+        // Each row's draft (its first lens[i] tokens of tokens[i]; none when 0) into its state.
+        .def_static("record_rows", [](const py::sequence& states, I32 tokens, I32 lens) {
+            auto t = tokens.unchecked<2>();
+            auto n = lens.unchecked<1>();
+            const py::ssize_t b = static_cast<py::ssize_t>(py::len(states));
+            if (n.shape(0) != b || t.shape(0) != b) throw std::invalid_argument("one draft per state");
+            for (py::ssize_t i = 0; i < b; ++i) {
+                if (n(i) > t.shape(1)) throw std::invalid_argument("a draft longer than its row");
+                if (n(i) > 0) states[i].cast<RequestState&>().record(t.data(i, 0), n(i));
+            }
+        });
 }
