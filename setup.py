@@ -17,6 +17,7 @@ native = Pybind11Extension(
         "sglang_hvd/drafter/native/suffix_drafter.hpp",
         "sglang_hvd/drafter/native/row_tree.hpp",
         "sglang_hvd/drafter/native/request_state.hpp",
+        "sglang_hvd/drafter/native/reaper.hpp",
     ],
     cxx_std=17,
     extra_compile_args=["-O3"],

@@ -480,3 +480,37 @@ def test_a_full_cache_of_short_responses_compacts_now_and_then_not_at_every_evic
     stats = drafter.memory_stats()
     assert stats["global_tokens"] == 3000 and stats["evicted_responses"] == 1000
     assert 1 <= stats["compactions"] <= 20  # the arena is reclaimed, a compaction per dozens of evictions
+
+
+def test_native_frees_old_finished_indexes_off_the_caller_and_drafts_stay_the_references():
+    """Finished requests' own indexes are kept for the next turn's prompt (16 of them); older
+    ones are freed on the drafter's background thread. Twenty conversations' two turns, each
+    second prompt the first turn's context extended: the native drafts equal the Python
+    reference's throughout, and every dropped index is freed."""
+    import time
+
+    if "native" not in available_drafters():
+        pytest.skip("the native extension is not built")
+    rng = np.random.default_rng(3)
+    native, ref = create_drafter("native"), create_drafter("python")
+    contexts = {}
+    for turn in range(2):
+        for conv in range(20) if turn == 0 else reversed(range(20)):  # the newest kept index first
+            old = contexts.get(conv, [])
+            prompt = old + rng.integers(0, 12, size=300).tolist()
+            rid = f"{conv}/{turn}"
+            for d in (native, ref):
+                d.start_request(rid, prompt)
+            output = rng.integers(0, 12, size=40).tolist()
+            for k in range(0, len(output), 8):
+                for d in (native, ref):
+                    d.append(rid, output[k : k + 8])
+                assert native.speculate(rid) == ref.speculate(rid)
+            for d in (native, ref):
+                d.finish_request(rid)
+            contexts[conv] = prompt + output
+    deadline = time.monotonic() + 10
+    while native._core.pending_frees() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert native._core.pending_frees() == 0
+    assert native._core.reused_prompt_tokens() == 16 * 340  # the 16 kept first turns (300 + 40 tokens) reused

@@ -192,7 +192,8 @@ PYBIND11_MODULE(_native, m) {
         .def("nbytes", &SuffixDrafter::nbytes)
         .def("evicted", &SuffixDrafter::evicted)
         .def("compactions", &SuffixDrafter::compactions)
-        .def("reused_prompt_tokens", &SuffixDrafter::reused_prompt_tokens);
+        .def("reused_prompt_tokens", &SuffixDrafter::reused_prompt_tokens)
+        .def("pending_frees", &SuffixDrafter::pending_frees);
 
     using hvd::RequestState;
     m.attr("STATE_COLUMNS") = hvd::kColumns;  // request_state._COLUMNS (a test holds them equal)

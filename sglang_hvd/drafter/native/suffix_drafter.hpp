@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "reaper.hpp"
 #include "suffix_index.hpp"
 #include "row_tree.hpp"
 #include "suffix_search.hpp"
@@ -56,7 +57,10 @@ public:
         // Keep the request's own index for a while: the next turn of the same conversation
         // re-sends this context as its prompt prefix, and re-indexing it is the main cost.
         recent_.push_front(std::move(local_[req]));
-        if (recent_.size() > kRecentIndexes) recent_.pop_back();
+        if (recent_.size() > kRecentIndexes) {  // the oldest is freed off this thread (reaper.hpp)
+            reaper_.drop(std::move(recent_.back()));
+            recent_.pop_back();
+        }
         local_.erase(req);
         finished_.push_back(req);
         finished_set_.insert(req);
@@ -130,6 +134,7 @@ public:
     const Config& config() const { return cfg_; }
 
     int64_t reused_prompt_tokens() const { return reused_tokens_; }
+    size_t pending_frees() { return reaper_.pending(); }  // indexes dropped, not yet freed
 
 private:
     static constexpr size_t kRecentIndexes = 16;
@@ -208,6 +213,7 @@ private:
     int64_t evicted_ = 0;
     uint64_t epoch_ = 0;  // bumped by every change (changed())
     std::unordered_map<int64_t, Chain> last_chain_;  // running request -> its chain at an epoch
+    Reaper<Index> reaper_;  // frees the indexes recent_ lets go of
 };
 
 }  // namespace hvd
