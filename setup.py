@@ -18,6 +18,7 @@ native = Pybind11Extension(
         "sglang_hvd/drafter/native/row_tree.hpp",
         "sglang_hvd/drafter/native/request_state.hpp",
         "sglang_hvd/drafter/native/reaper.hpp",
+        "sglang_hvd/drafter/native/features.hpp",
     ],
     cxx_std=17,
     extra_compile_args=["-O3"],

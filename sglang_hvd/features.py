@@ -39,6 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .drafter.batch import TREE_CODES, DraftBatch, RowTreeBatch
+from .drafter.native_drafter import _native
 from .drafter.protocol import LOCAL_TREE, Draft, DrafterConfig
 from .drafter.row_tree import RowTree
 from .request_state import HISTORY_K, NUM_HISTORY, StateBatch, StateSnapshot
@@ -88,15 +89,32 @@ class FeatureExtractor:
         rows' row trees cut at the nodes the decision would verify (``lengths``;
         decision.described), None for chain rows (no siblings).
 
-        Every value is computed in float64 and rounded once to float32. A few whole-batch
-        numpy calls, whatever B: this runs on the server's decode step. Padding does the
-        masking: a draft's tokens past its length and a tail's missing tokens are -1,
-        which picks the flag table's all-zero last row."""
+        Every value is computed in float64 and rounded once to float32. Where the drafter's
+        extension is built, one native call (drafter/native/features.hpp) computes all but
+        the tree group; ``_numpy_columns`` is the reference it equals (tests/test_features.py).
+        """
         lens = drafts.lengths
         b = len(lens)
         out = np.zeros((b, len(FEATURE_NAMES)), dtype=np.float32)
         if not b:
             return out
+        if _native is not None and drafts.width:
+            _native.gate_features(out, drafts.tokens, drafts.probs, drafts.child_counts, lens, drafts.match_len,
+                                  drafts.match_count, drafts.score, drafts.tree, TREE_CODES[LOCAL_TREE], states.pos,
+                                  states.num_prompt_tokens, states.history, states.tails, states.tail_lens,
+                                  self.flag_table, self.budgets)
+        else:
+            self._numpy_columns(drafts, states, out)
+        if trees is not None:
+            out[:, -_NUM_TREE:] = tree_features(trees, lens, trees.lengths)
+        return out
+
+    def _numpy_columns(self, drafts: DraftBatch, states: StateBatch, out: np.ndarray) -> None:
+        """All but the tree group, into ``out``: a few whole-batch numpy calls, whatever B.
+        Padding does the masking: a draft's tokens past its length and a tail's missing
+        tokens are -1, which picks the flag table's all-zero last row."""
+        lens = drafts.lengths
+        b = len(lens)
         rows = np.arange(b)
         last = np.maximum(lens - 1, 0)
         safe_n = np.maximum(lens, 1)
@@ -132,9 +150,6 @@ class FeatureExtractor:
         out[:, col : col + nf] = bits[:, 0]
         out[:, col + nf : col + 2 * nf] = bits.sum(1) / safe_n[:, None]
         out[:, col + 2 * nf : col + 3 * nf] = self._bits(states.tails).sum(1) / np.maximum(states.tail_lens, 1)[:, None]
-        if trees is not None:
-            out[:, -_NUM_TREE:] = tree_features(trees, lens, trees.lengths)
-        return out
 
     def of_rows(self, drafts: Sequence[Draft], states: Sequence[StateSnapshot],
                 trees: Sequence[RowTree] = ()) -> np.ndarray:

@@ -190,3 +190,63 @@ def test_tree_features_match_a_node_by_node_count_on_random_rows():
         want = [len(sibs), sum(masses), sum(probs[i, j] for j in sibs if parents[i, j] < 0),
                 max(masses, default=0.0), len({parents[i, j] for j in sibs if parents[i, j] < cut})]
         assert got[i].tolist() == pytest.approx(want, rel=1e-6), i
+
+
+def _native_and_reference(ex: FeatureExtractor, drafts, states) -> tuple[np.ndarray, np.ndarray]:
+    got = ex.features(drafts, states)
+    want = np.zeros_like(got)
+    ex._numpy_columns(drafts, states, want)
+    return got, want
+
+
+@pytest.mark.parametrize("width", [1, 3, 12])
+def test_native_features_equal_the_numpy_reference_bit_for_bit(width):
+    """The native kernel (drafter/native/features.hpp) against the numpy reference on random
+    batches with every edge the reference handles: empty drafts, ids beyond the vocabulary,
+    -1 padding, match lengths past the budget table, short and empty tails, large counts."""
+    from sglang_hvd.drafter.batch import DraftBatch
+    from sglang_hvd.drafter.native_drafter import _native
+    from sglang_hvd.request_state import HISTORY_K, NUM_HISTORY, TAIL_TOKENS, StateBatch
+
+    if _native is None:
+        pytest.skip("the native extension is not built")
+    rng = np.random.default_rng(width)
+    ex = FeatureExtractor(FLAGS, DrafterConfig(max_depth=10))
+    for _ in range(30):
+        b = int(rng.integers(1, 70))
+        lens = rng.integers(0, width + 1, size=b).astype(np.int32)
+        lens[0] = 0  # always one row without a draft
+        live = np.arange(width)[None, :] < lens[:, None]
+        tokens = np.where(live, rng.integers(0, len(VOCAB) + 3, size=(b, width)), -1).astype(np.int32)
+        probs = np.where(live, rng.random((b, width)), 0.0)
+        counts = np.where(live, rng.integers(0, 1 << 40, size=(b, width)), 0).astype(np.int64)
+        drafts = DraftBatch(tokens, probs, counts, lens, rng.integers(0, 14, size=b).astype(np.int32),
+                            rng.integers(0, 1 << 40, size=b).astype(np.int64), probs.sum(1),
+                            rng.integers(0, 3, size=b).astype(np.int32))
+        tail_lens = rng.integers(0, TAIL_TOKENS + 1, size=b).astype(np.int64)
+        tails = np.where(np.arange(TAIL_TOKENS)[None, :] < tail_lens[:, None],
+                         rng.integers(0, len(VOCAB) + 3, size=(b, TAIL_TOKENS)), -1).astype(np.int64)
+        history = rng.random((b, NUM_HISTORY)).astype(np.float32)
+        history[:, :HISTORY_K] = rng.integers(0, 9, size=(b, HISTORY_K))
+        states = StateBatch(rng.integers(0, 1 << 20, size=b).astype(np.float64),
+                            rng.integers(0, 1 << 20, size=b).astype(np.float64), history, tails, tail_lens)
+        got, want = _native_and_reference(ex, drafts, states)
+        assert np.array_equal(got, want)
+        assert got[0, : COL["budget_use"] + 1].tolist() == [0.0] * (COL["budget_use"] + 1)  # no draft: no match group
+
+
+def test_native_features_refuse_mismatched_arrays():
+    from sglang_hvd.drafter.native_drafter import _native
+
+    if _native is None:
+        pytest.skip("the native extension is not built")
+    z32, z64, f64 = np.zeros(2, np.int32), np.zeros(2, np.int64), np.zeros(2)
+    args = (np.zeros((2, 3), np.int32), np.zeros((2, 3)), np.zeros((2, 3), np.int64), z32, z32, z64, f64, z32, 1,
+            f64, f64, np.zeros((2, 12), np.float32), np.zeros((2, 8), np.int64), z64, np.zeros((5, 4), np.uint8),
+            np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="writeable C-contiguous float32"):
+        _native.gate_features(np.zeros((2, 60)), *args)  # float64
+    with pytest.raises(ValueError, match="mismatched shapes"):
+        _native.gate_features(np.zeros((3, 60), np.float32), *args)
+    with pytest.raises(ValueError, match="too few columns"):
+        _native.gate_features(np.zeros((2, 20), np.float32), *args)

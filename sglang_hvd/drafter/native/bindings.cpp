@@ -1,10 +1,12 @@
 // Python bindings of the native drafter (pybind11). Batch calls release the GIL and
 // return numpy arrays: no per-token Python objects on the serving path. The native
-// decision state (request_state.hpp) is bound here too: one extension, one build.
+// decision state (request_state.hpp) and the gate's features (features.hpp) are bound
+// here too: one extension, one build.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "features.hpp"
 #include "request_state.hpp"
 #include "suffix_drafter.hpp"
 
@@ -194,6 +196,58 @@ PYBIND11_MODULE(_native, m) {
         .def("compactions", &SuffixDrafter::compactions)
         .def("reused_prompt_tokens", &SuffixDrafter::reused_prompt_tokens)
         .def("pending_frees", &SuffixDrafter::pending_frees);
+
+    using F64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
+    using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
+    using U8 = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+    // features.py's FeatureExtractor.features: the non-tree columns of out, in place.
+    m.def("gate_features",
+          [](py::array out, I32 tokens, F64 probs, I64 child_counts, I32 lengths,
+             I32 match_len, I64 match_count, F64 score, I32 tree, int32_t local_code, F64 pos, F64 prompt_len,
+             F32 history, I64 tails, I64 tail_lens, U8 flags, F32 budgets) {
+              if (!out.dtype().is(py::dtype::of<float>()) || !(out.flags() & py::array::c_style) || !out.writeable())
+                  throw std::invalid_argument("gate_features: out must be a writeable C-contiguous float32 array");
+              const py::ssize_t b = lengths.shape(0);
+              auto same_rows = [b](const py::array& a) { return a.ndim() >= 1 && a.shape(0) == b; };
+              if (out.ndim() != 2 || !same_rows(out) || tokens.ndim() != 2 || !same_rows(tokens) ||
+                  !same_rows(probs) || !same_rows(child_counts) || probs.ndim() != 2 || child_counts.ndim() != 2 ||
+                  probs.shape(1) != tokens.shape(1) || child_counts.shape(1) != tokens.shape(1) ||
+                  !same_rows(match_len) || !same_rows(match_count) || !same_rows(score) || !same_rows(tree) ||
+                  !same_rows(pos) || !same_rows(prompt_len) || history.ndim() != 2 || !same_rows(history) ||
+                  tails.ndim() != 2 || !same_rows(tails) || !same_rows(tail_lens) || flags.ndim() != 2 ||
+                  flags.shape(0) < 1 || flags.shape(1) > 64 || budgets.shape(0) < 1)
+                  throw std::invalid_argument("gate_features: arrays of mismatched shapes");
+              const int64_t used = 14 + history.shape(1) + 3 * flags.shape(1);
+              if (out.shape(1) < used) throw std::invalid_argument("gate_features: out has too few columns");
+              hvd::FeatureInputs in;
+              in.b = b;
+              in.width = tokens.shape(1);
+              in.tokens = tokens.data();
+              in.probs = probs.data();
+              in.child_counts = child_counts.data();
+              in.lengths = lengths.data();
+              in.match_len = match_len.data();
+              in.match_count = match_count.data();
+              in.score = score.data();
+              in.tree = tree.data();
+              in.local_code = local_code;
+              in.pos = pos.data();
+              in.prompt_len = prompt_len.data();
+              in.history = history.data();
+              in.num_history = history.shape(1);
+              in.tails = tails.data();
+              in.tail_lens = tail_lens.data();
+              in.tail_tokens = tails.shape(1);
+              in.flags = flags.data();
+              in.vocab = flags.shape(0) - 1;
+              in.num_flags = flags.shape(1);
+              in.budgets = budgets.data();
+              in.num_budgets = budgets.shape(0);
+              float* o = static_cast<float*>(out.mutable_data());
+              const int64_t cols = out.shape(1);
+              py::gil_scoped_release nogil;
+              hvd::gate_features(in, o, cols);
+          });
 
     using hvd::RequestState;
     m.attr("STATE_COLUMNS") = hvd::kColumns;  // request_state._COLUMNS (a test holds them equal)
