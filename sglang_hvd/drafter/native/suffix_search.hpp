@@ -24,6 +24,7 @@
 #include <functional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "suffix_index.hpp"
@@ -196,7 +197,7 @@ private:
                 for (int32_t k : newest_) cur_.push_back(ends_[k]);
                 std::sort(cur_.begin(), cur_.end());
                 const int64_t walked = static_cast<int64_t>(cur_.size());
-                Out d;
+                Out& d = fresh<Out>();
                 if constexpr (kTree) {
                     grow(ix, limit, max_nodes, d, [&](auto&& push) { push_children(ix, cur_, -1, 1.0, 1, push); });
                     consider(d, walked, p_lo, p_hi, tree, best);
@@ -219,7 +220,7 @@ private:
             if (bound(limit) > best.score) {
                 int32_t tok;
                 int64_t c;
-                Out d;
+                Out& d = fresh<Out>();
                 if constexpr (kTree) {
                     grow(ix, limit, max_nodes, d, [&](auto&& push) { seed_one_token(ix, last, e1_count, push); });
                 } else if (ix.best_successor(last, tok, c)) {
@@ -282,7 +283,7 @@ private:
         d.match_len = q;
         d.match_count = set_size;
         d.tree = tree;
-        best = std::move(d);
+        std::swap(best, d);  // d (a scratch draft) keeps the old best's buffers for the next walk
         return true;
     }
 
@@ -447,6 +448,29 @@ private:
     std::vector<int32_t> rev_;
     std::vector<int64_t> ends_, cur_, walked_set_;
     ChainSet chain_set_;  // the occurrence set of best's winner so far (search<Draft>)
+    // The drafts a search walks into, cleared for each set: their buffers are reused, not
+    // allocated per set (a search considers several sets per row and step).
+    Draft draft_scratch_;
+    TreeDraft tree_scratch_;
+
+    template <class Out>
+    Out& fresh() {
+        Out* d;
+        if constexpr (std::is_same_v<Out, TreeDraft>) {
+            d = &tree_scratch_;
+            d->parents.clear();
+        } else {
+            d = &draft_scratch_;
+        }
+        d->tokens.clear();
+        d->probs.clear();
+        d->child_counts.clear();
+        d->score = 0.0;
+        d->match_len = 0;
+        d->match_count = 0;
+        d->tree = NO_TREE;
+        return *d;
+    }
     std::vector<int> match_;
     std::vector<int32_t> order_, newest_;
     std::vector<std::pair<int32_t, int64_t>> kids_;
