@@ -18,6 +18,9 @@ struct RowTree {
 
 inline RowTree row_tree(const Draft& chain, const TreeDraft& tree, int max_nodes) {
     RowTree row;
+    row.tokens.reserve(static_cast<size_t>(max_nodes));
+    row.parents.reserve(static_cast<size_t>(max_nodes));
+    row.probs.reserve(static_cast<size_t>(max_nodes));
     const int cut = std::min(static_cast<int>(chain.tokens.size()), max_nodes);
     row.tokens.assign(chain.tokens.begin(), chain.tokens.begin() + cut);
     row.probs.assign(chain.probs.begin(), chain.probs.begin() + cut);

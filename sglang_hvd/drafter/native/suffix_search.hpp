@@ -115,8 +115,8 @@ public:
             const int64_t e1_count = ix.count(set.last);
             grow(ix, set.limit, max_nodes, d, [&](auto&& push) { seed_one_token(ix, set.last, e1_count, push); });
         } else {
-            cur_ = set.ends;
-            grow(ix, set.limit, max_nodes, d, [&](auto&& push) { push_children(ix, cur_, -1, 1.0, 1, push); });
+            grow(ix, set.limit, max_nodes, d,
+                 [&](auto&& push) { push_children(ix, set.ends.data(), set.ends.size(), -1, 1.0, 1, push); });
         }
         consider(d, set.walked, set.p_lo, set.p_hi, tree, best);
         return best;
@@ -199,7 +199,8 @@ private:
                 const int64_t walked = static_cast<int64_t>(cur_.size());
                 Out& d = fresh<Out>();
                 if constexpr (kTree) {
-                    grow(ix, limit, max_nodes, d, [&](auto&& push) { push_children(ix, cur_, -1, 1.0, 1, push); });
+                    grow(ix, limit, max_nodes, d,
+                         [&](auto&& push) { push_children(ix, cur_.data(), cur_.size(), -1, 1.0, 1, push); });
                     consider(d, walked, p_lo, p_hi, tree, best);
                 } else {
                     walked_set_ = cur_;
@@ -362,7 +363,7 @@ private:
     }
 
     // A frontier node of a tree: chosen by path probability, then the shallower, then the
-    // more recently appended (as the chain walk breaks ties). `set` indexes sets_ (its
+    // more recently appended (as the chain walk breaks ties). `set` indexes spans_ (its
     // occurrences' ends); -1: a child of the one-token pattern, fetched when expanded.
     struct Front {
         double prob;
@@ -387,8 +388,13 @@ private:
     template <class Seed>
     void grow(Index& ix, int limit, int max_nodes, TreeDraft& d, Seed&& seed) {
         if (limit < 1) return;
+        d.tokens.reserve(static_cast<size_t>(max_nodes));
+        d.parents.reserve(static_cast<size_t>(max_nodes));
+        d.probs.reserve(static_cast<size_t>(max_nodes));
+        d.child_counts.reserve(static_cast<size_t>(max_nodes));
         heap_.clear();
-        sets_.clear();
+        pool_.clear();
+        spans_.clear();
         auto push = [&](Front f) {
             heap_.push_back(f);
             std::push_heap(heap_.begin(), heap_.end(), Lower());
@@ -405,25 +411,33 @@ private:
             d.child_counts.push_back(f.count);
             if (f.depth >= limit) continue;
             if (f.set < 0) {  // a child of the one-token pattern: its newest K occurrences
-                sets_.emplace_back();
-                ix.bigram_ends(f.prev, f.tok, sets_.back(), cfg_.max_occurrences);
-                f.set = static_cast<int32_t>(sets_.size() - 1);
+                ix.bigram_ends(f.prev, f.tok, bigram_buf_, cfg_.max_occurrences);
+                f.set = add_span(bigram_buf_.data(), bigram_buf_.size());
             }
-            push_children(ix, sets_[static_cast<size_t>(f.set)], index, f.prob, f.depth + 1, push);
+            const auto [off, len] = spans_[static_cast<size_t>(f.set)];
+            push_children(ix, pool_.data() + off, len, index, f.prob, f.depth + 1, push);
         }
     }
 
-    // The children of a node whose occurrences end at `occ` (any order), each with the
-    // ends of its own occurrences; those under the probability floor are not pushed.
+    // A growing tree's occurrence set: appended to pool_, its span's index returned.
+    int32_t add_span(const int64_t* ends, size_t n) {
+        spans_.emplace_back(pool_.size(), n);
+        pool_.insert(pool_.end(), ends, ends + n);
+        return static_cast<int32_t>(spans_.size() - 1);
+    }
+
+    // The children of a node whose n occurrences end at `occ` (any order), each with the
+    // ends of its own occurrences (a span of pool_); those under the probability floor are
+    // not pushed. `occ` may lie in pool_: it is read whole before pool_ grows.
     template <class Push>
-    void push_children(Index& ix, const std::vector<int64_t>& occ, int32_t parent, double prob, int depth, Push&& push) {
+    void push_children(Index& ix, const int64_t* occ, size_t n, int32_t parent, double prob, int depth, Push&& push) {
         const int32_t* arena = ix.arena();
         const int64_t* stamps = ix.stamps();
         next_.clear();
-        for (int64_t e : occ)
-            if (arena[e + 1] >= 0) next_.emplace_back(arena[e + 1], e + 1);
+        for (size_t k = 0; k < n; ++k)
+            if (arena[occ[k] + 1] >= 0) next_.emplace_back(arena[occ[k] + 1], occ[k] + 1);
         std::sort(next_.begin(), next_.end());
-        const double total = static_cast<double>(occ.size());
+        const double total = static_cast<double>(n);
         for (size_t i = 0; i < next_.size();) {
             size_t j = i;
             int64_t newest = -1;
@@ -431,9 +445,9 @@ private:
             const int64_t count = static_cast<int64_t>(j - i);
             const double child = prob * (static_cast<double>(count) / total);
             if (child >= cfg_.min_token_prob) {
-                sets_.emplace_back();
-                for (size_t k = i; k < j; ++k) sets_.back().push_back(next_[k].second);
-                push(Front{child, depth, newest, next_[i].first, parent, static_cast<int32_t>(sets_.size() - 1), count, -1});
+                spans_.emplace_back(pool_.size(), j - i);
+                for (size_t k = i; k < j; ++k) pool_.push_back(next_[k].second);
+                push(Front{child, depth, newest, next_[i].first, parent, static_cast<int32_t>(spans_.size() - 1), count, -1});
             }
             i = j;
         }
@@ -442,7 +456,9 @@ private:
     Config cfg_;
     std::vector<int> budgets_;
     std::vector<Front> heap_;
-    std::deque<std::vector<int64_t>> sets_;  // stable references while growing
+    std::vector<int64_t> pool_;                        // a growing tree's occurrence sets, one after another
+    std::vector<std::pair<size_t, size_t>> spans_;     // each set's (offset, size) in pool_
+    std::vector<int64_t> bigram_buf_;
     std::vector<std::pair<int32_t, int64_t>> next_;
     std::vector<std::tuple<int32_t, int64_t, int64_t>> succ_buf_;
     std::vector<int32_t> rev_;
