@@ -187,6 +187,10 @@ def _swap_under_load(server, gate: str, work) -> dict:
         time.sleep(3)
         refused = [_post(server.url + "/hvd/update_gate", body)
                    for body in ({"gate_path": wrong}, {"gate_path": str(work / "no_such_gate")}, {})]
+        # the load goes on for at least 4 batches in all (a busy machine serves fewer in these seconds)
+        deadline = time.monotonic() + 300
+        while len(batches) < 4 and not errors and time.monotonic() < deadline:
+            time.sleep(0.5)
         time.sleep(1)
     finally:
         stop.set()
