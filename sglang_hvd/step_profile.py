@@ -8,10 +8,14 @@ model's size and a GPU's bandwidth and throughput:
 
   verify(B, N, C)   one target forward over B rows of N tokens (N = 1: a plain decode
                     step) with C context tokens in all rows together:
-                      fixed_ms + per_context_token_ms * C + per_token_ms * max(knee_tokens, B * N)
+                      fixed_ms + per_row_ms * B + per_context_token_ms * C
+                      + per_token_ms * max(knee_tokens, B * N)
                     Below ``knee_tokens`` query tokens the forward is memory-bound (the
                     weights are read once, whatever B * N is), above it compute-bound;
-                    attention reads every row's KV once whatever N is.
+                    attention reads every row's KV once whatever N is. ``per_row_ms``:
+                    what a row costs whatever its width (its attention and sampling set-up):
+                    on the CPU harness four rows of one token cost ~27% more than one row of
+                    four; the estimates leave it at 0 (format 1 profiles had no such term).
   eagle3(B, S, K, C)  EAGLE3's draft forwards for a verify of S steps at topk K: S - 1 of them
                     (SGLang's first draft step takes its tokens from the extend's top-k, and
                     eagle_worker_v2's draft loop stops before the last step's forward):
@@ -57,7 +61,8 @@ from .errors import HvdInputError
 from .jsonl import write_json
 from .tiers import Tier
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2  # 2: verify.per_row_ms
+READS_FORMATS = (1, 2)  # a format 1 profile is read with verify.per_row_ms = 0 (what it meant)
 KINDS = ("estimate", "measured")
 
 
@@ -69,19 +74,21 @@ def _check(owner: str, **values: float) -> None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ForwardCost:
-    """A target forward: fixed_ms + per_context_token_ms * C + per_token_ms * max(knee_tokens, B * N)."""
+    """A target forward: fixed_ms + per_row_ms * B + per_context_token_ms * C
+    + per_token_ms * max(knee_tokens, B * N)."""
 
     fixed_ms: float
     per_token_ms: float
     knee_tokens: float
     per_context_token_ms: float
+    per_row_ms: float = 0.0
 
     def __post_init__(self):
         _check("verify", fixed_ms=self.fixed_ms, per_token_ms=self.per_token_ms, knee_tokens=self.knee_tokens,
-               per_context_token_ms=self.per_context_token_ms)
+               per_context_token_ms=self.per_context_token_ms, per_row_ms=self.per_row_ms)
 
     def ms(self, batch: int, tokens_per_row: int, context_tokens: float) -> float:
-        return (self.fixed_ms + self.per_context_token_ms * context_tokens
+        return (self.fixed_ms + self.per_row_ms * batch + self.per_context_token_ms * context_tokens
                 + self.per_token_ms * max(self.knee_tokens, batch * tokens_per_row))
 
 
@@ -185,9 +192,9 @@ class StepProfile:
         if not isinstance(d, dict):
             raise HvdInputError(f"{where}: expected a JSON object (a step-time profile; {_FIX})")
         version = d.get("format_version")
-        if version != PROFILE_FORMAT:
+        if version not in READS_FORMATS:
             raise HvdInputError(f"{where}: profile format_version {version!r}, this sglang-hvd reads "
-                                f"{PROFILE_FORMAT}; {_FIX}")
+                                f"{' and '.join(map(str, READS_FORMATS))}; {_FIX}")
         try:
             return cls(name=str(d["name"]), kind=str(d["kind"]), target_model=str(d["target_model"]),
                        draft_model=str(d["draft_model"]), hardware=str(d["hardware"]), note=str(d.get("note", "")),
@@ -252,7 +259,8 @@ def load_profile(spec: str) -> StepProfile:
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     """Least squares with every coefficient >= 0, by trying each subset of columns (a
-    handful of columns): ``(coefficients, sum of squared residuals)``."""
+    handful of columns): ``(coefficients, sum of squared residuals)``. Of fits equal but for
+    rounding, the one of fewer columns (a constant the data do not ask for stays 0)."""
     k = x.shape[1]
     best, best_sse = np.zeros(k), float(np.sum(y ** 2))
     for r in range(1, k + 1):
@@ -260,7 +268,7 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
             c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
             if np.all(c >= 0):
                 sse = float(np.sum((x[:, cols] @ c - y) ** 2))
-                if sse < best_sse:
+                if sse < best_sse * (1 - 1e-9) - 1e-12:
                     best, best_sse = np.zeros(k), sse
                     best[list(cols)] = c
     return best, best_sse
@@ -285,10 +293,12 @@ class DraftSample:
 
 def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
     """The ForwardCost closest to the samples in relative error: the knee is searched over
-    the sampled B * N (and 1) and between them, the other three constants fitted >= 0 at each."""
+    the sampled B * N (and 1) and between them, the other four constants fitted >= 0 at each
+    (of equal fits, the one of fewer non-zero constants)."""
     if len(samples) < 3:
         raise ValueError(f"fitting a verify cost needs >= 3 samples, got {len(samples)}")
-    bn = np.array([s.batch * s.tokens_per_row for s in samples], dtype=np.float64)
+    rows = np.array([s.batch for s in samples], dtype=np.float64)
+    bn = rows * np.array([s.tokens_per_row for s in samples], dtype=np.float64)
     ctx = np.array([s.context_tokens for s in samples], dtype=np.float64)
     y = np.array([s.ms for s in samples], dtype=np.float64)
     w = 1.0 / y  # relative error
@@ -298,12 +308,12 @@ def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
     knees = np.unique(np.concatenate([sampled] + [np.geomspace(lo, hi, 18)[1:-1]
                                                   for lo, hi in zip(sampled, sampled[1:])]))
     for knee in knees.tolist():
-        x = np.stack([np.ones_like(y), ctx, np.maximum(knee, bn)], axis=1)
+        x = np.stack([np.ones_like(y), ctx, np.maximum(knee, bn), rows], axis=1)
         c, sse = _nnls(x * w[:, None], y * w)
         if best is None or sse < best[0]:
             best = (sse, knee, c)
-    _, knee, (fixed, per_ctx, per_tok) = best
-    return ForwardCost(float(fixed), float(per_tok), float(knee), float(per_ctx))
+    _, knee, (fixed, per_ctx, per_tok, per_row) = best
+    return ForwardCost(float(fixed), float(per_tok), float(knee), float(per_ctx), float(per_row))
 
 
 def fit_draft(samples: Sequence[DraftSample], extend_ms: float) -> DraftCost:

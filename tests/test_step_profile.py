@@ -43,8 +43,9 @@ def profile(verify=(0.4, 0.025, 64.0, 4e-5), eagle3=(0.5, 0.3, 0.002, 1e-6, 0.0)
 def test_a_profile_round_trips_through_json_and_a_file(tmp_path):
     p = profile(note="measured on the CPU harness", fit_error={"verify": 0.03})
     d = p.to_json()
-    assert d["format_version"] == 1 and d["kind"] == "measured"
-    assert d["verify"] == {"fixed_ms": 0.4, "per_token_ms": 0.025, "knee_tokens": 64.0, "per_context_token_ms": 4e-5}
+    assert d["format_version"] == 2 and d["kind"] == "measured"
+    assert d["verify"] == {"fixed_ms": 0.4, "per_token_ms": 0.025, "knee_tokens": 64.0, "per_context_token_ms": 4e-5,
+                           "per_row_ms": 0.0}
     assert StepProfile.from_json(json.loads(json.dumps(d))) == p
     path = str(tmp_path / "p.json")
     p.write(path)
@@ -75,8 +76,9 @@ GOOD = profile().to_json()
 
 
 @pytest.mark.parametrize("doc, message", [
-    (_with(GOOD, "format_version", None, 2), "p.json: profile format_version 2, this sglang-hvd reads 1"),
-    (_without(GOOD, "format_version"), "p.json: profile format_version None, this sglang-hvd reads 1"),
+    (_with(GOOD, "format_version", None, 3), "p.json: profile format_version 3, this sglang-hvd reads 1 and 2"),
+    (_without(GOOD, "format_version"), "p.json: profile format_version None, this sglang-hvd reads 1 and 2"),
+    (_with(GOOD, "verify", "per_row_ms", -0.5), "verify.per_row_ms must be a finite number >= 0, got -0.5"),
     (_without(GOOD, "hardware"), "p.json: the profile lacks 'hardware'"),
     (_without(GOOD, "eagle3"), "p.json: the profile lacks 'eagle3'"),
     (_without(GOOD, "verify", "knee_tokens"), "missing 1 required positional argument: 'knee_tokens'"),
@@ -92,6 +94,15 @@ def test_a_bad_profile_is_refused_in_one_line_naming_the_fix(doc, message):
     text = str(e.value)
     assert message in text and "\n" not in text
     assert f"pass a shipped estimate instead ({SHIPPED})" in text
+
+
+def test_a_format_1_profile_is_read_with_no_per_row_verify_cost():
+    old = _with(_without(GOOD, "verify", "per_row_ms"), "format_version", None, 1)  # what sglang-hvd wrote before
+    p = StepProfile.from_json(old)
+    assert p.verify.per_row_ms == 0.0 and p == profile()
+    assert p.verify.ms(8, 4, 1000) == pytest.approx(0.4 + 4e-5 * 1000 + 0.025 * 64)
+    assert profile(verify=(0.4, 0.025, 64.0, 4e-5, 0.3)).verify.ms(8, 4, 1000) == pytest.approx(
+        0.4 + 8 * 0.3 + 4e-5 * 1000 + 0.025 * 64)
 
 
 def test_load_profile_refuses_a_missing_unreadable_or_malformed_file(tmp_path):
@@ -156,8 +167,14 @@ GRID = [(b, n, c) for b in (1, 2, 4, 8, 16, 32, 64, 128) for n in (1, 4, 16) for
 def test_fit_verify_recovers_the_constants_it_was_sampled_from():
     truth = ForwardCost(0.4, 0.025, 64.0, 3.7e-5)  # the knee at a sampled B * N
     fitted = fit_verify([VerifySample(b, n, c, truth.ms(b, n, c)) for b, n, c in GRID])
-    assert [fitted.fixed_ms, fitted.per_token_ms, fitted.knee_tokens, fitted.per_context_token_ms] == pytest.approx(
-        [0.4, 0.025, 64.0, 3.7e-5], rel=1e-6)
+    assert [fitted.fixed_ms, fitted.per_token_ms, fitted.knee_tokens, fitted.per_context_token_ms,
+            fitted.per_row_ms] == pytest.approx([0.4, 0.025, 64.0, 3.7e-5, 0.0], rel=1e-6, abs=1e-9)
+    # a cost per row whatever its width (the CPU harness: 4 rows of 1 token dearer than 1 row of 4)
+    truth = ForwardCost(10.0, 0.6, 1.0, 0.001, 0.4)
+    fitted = fit_verify([VerifySample(b, n, c, truth.ms(b, n, c)) for b, n, c in GRID])
+    assert [fitted.fixed_ms, fitted.per_token_ms, fitted.per_context_token_ms, fitted.per_row_ms] == pytest.approx(
+        [10.0, 0.6, 0.001, 0.4], rel=1e-6)
+    assert fitted.ms(4, 1, 0) > fitted.ms(1, 4, 0)
 
 
 def test_fit_verify_finds_a_knee_between_sampled_points_and_predicts_held_back_ones_within_10_percent():
