@@ -56,7 +56,7 @@ class StepClock:
 
     def finish(self, **shape) -> StepTiming | None:
         """Close the step of ``shape`` (StepTiming's batch, tokens_per_row, context_tokens,
-        draft_steps, topk); returns a completed step's timing, or None."""
+        draft_steps, topk, wall_ms); returns a completed step's timing, or None."""
         marks, self._marks = self._marks, {}
         if not self.cuda:
             return _timing(shape, {p: (m[1] - m[0]) * 1e3 for p, m in marks.items() if m[1] is not None})

@@ -129,6 +129,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         self._hvd_drafts_skipped = 0  # steps whose EAGLE3 draft forwards were skipped
         self._hvd_extends_skipped = 0  # steps whose draft extend was skipped (--hvd-skip-idle-extend)
         self._hvd_step_shape = None  # (tier, EAGLE3 drafted) of the step in flight, for its timing
+        self._hvd_step_end = None  # perf_counter at the previous decode step's end (None: something else ran since)
         # Rank 0 times each decode step's parts: for --hvd-timings, and to refine a served profile.
         self._hvd_clock = self._hvd_timings = self._hvd_refiner = None
         if self.hvd is not None:
@@ -178,6 +179,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         if not self._hvd_eligible(batch):
+            self._hvd_step_end = None  # the next decode step's wall would hold this forward too
             out = super().forward_batch_generation(batch, *args, **kwargs)
             if self.hvd is not None and self._hvd_admit_at_prefill and self._hvd_prefill(batch):
                 self._hvd_admit_new(batch)
@@ -198,7 +200,12 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
         return out
 
     def _hvd_timed(self, batch) -> None:
-        """Close the step's timing: the timings file, the served profile's refinement."""
+        """Close the step's timing: the timings file, the served profile's refinement. Its
+        wall time runs from the previous decode step's end to this one's (the host's view:
+        on a GPU, the verify's accepted lengths are read on the host within the step)."""
+        now = time.perf_counter()
+        wall_ms = math.nan if self._hvd_step_end is None else (now - self._hvd_step_end) * 1e3
+        self._hvd_step_end = now
         tier, drafted = self._hvd_step_shape
         shape = self.hvd_tiers[tier].shape
         context = self.hvd.context_tokens  # the stepper's, of this step's batch (0 when it did not need it)
@@ -206,7 +213,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             context = sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
         timing = self._hvd_clock.finish(batch=len(batch.reqs), tokens_per_row=1 if shape is None else shape.nodes,
                                         context_tokens=context, draft_steps=shape.steps if drafted else 0,
-                                        topk=self.topk)
+                                        topk=self.topk, wall_ms=wall_ms)
         if timing is None:
             return
         if self._hvd_timings is not None:

@@ -15,7 +15,7 @@ import pytest
 from sglang_hvd.cli.main import main as hvd
 from sglang_hvd.cli.profile import fit_checked
 from sglang_hvd.errors import HvdInputError
-from sglang_hvd.serving.step_timing import StepTiming, cell_medians, errors, read_timings
+from sglang_hvd.serving.step_timing import StepTiming, cell_medians, errors, read_timings, untimed
 from sglang_hvd.step_profile import DraftCost, ForwardCost, HostCost, StepProfile, load_profile
 
 TRUE = StepProfile(name="true", kind="measured", target_model="tiny", draft_model="tiny-draft", hardware="cpu",
@@ -26,11 +26,15 @@ ZERO = StepProfile(name="zero", kind="measured", target_model="t", draft_model="
 TIERS = ((1, 0), (2, 1), (3, 2), (4, 3))  # (tokens per row, EAGLE3 draft steps) of a 1-3-4 server's tier cycle
 
 
+UNTIMED_MS = 1.5  # the stand-in's steps: their wall time is their parts' and this
+
+
 def timed(p: StepProfile, batch: int, n: int, steps: int, ctx: int, rng: random.Random, noise: float) -> StepTiming:
     jitter = lambda ms: ms * (1 + rng.uniform(-noise, noise))  # noqa: E731
-    return StepTiming(batch, n, ctx, jitter(p.verify.ms(batch, n, ctx)), steps, 1,
-                      jitter(p.eagle3.ms(batch, steps, 1, ctx)) if steps else math.nan,
-                      jitter(p.eagle3.extend(batch, ctx)), jitter(p.hvd_cpu.ms(batch)))
+    parts = (jitter(p.verify.ms(batch, n, ctx)), jitter(p.eagle3.ms(batch, steps, 1, ctx)) if steps else math.nan,
+             jitter(p.eagle3.extend(batch, ctx)), jitter(p.hvd_cpu.ms(batch)))
+    wall = sum(v for v in parts if not math.isnan(v)) + UNTIMED_MS
+    return StepTiming(batch, n, ctx, parts[0], steps, 1, *parts[1:], wall_ms=wall)
 
 
 def test_a_cell_is_the_median_of_its_steps():
@@ -41,6 +45,19 @@ def test_a_cell_is_the_median_of_its_steps():
     assert math.isnan(cells[0].extend_ms) and cells[0].host_ms == 0.5
     # min_steps 2: the one-step cell (a batch size seen while requests arrive) is left out
     assert [c.context_tokens for c in cell_medians(steps, min_steps=2)] == [1000]
+
+
+def test_untimed_is_the_wall_time_the_parts_miss():
+    steps = [StepTiming(1, 4, 10, 10.0, 3, 1, 4.0, 2.0, 1.0, wall_ms=20.0),  # 3 ms untimed, 15% of the wall
+             StepTiming(1, 1, 10, 10.0, 0, 1, 9.0, 2.0, 1.0, wall_ms=14.0),  # no draft steps: its draft_ms not a part
+             StepTiming(1, 1, 10, 10.0, 0, 1, math.nan, 2.0, 1.0, wall_ms=12.5),  # the clock's jitter: never < 0
+             StepTiming(1, 1, 10, 10.0)]  # after a prefill: no wall time
+    ms, share, n = untimed(steps)
+    assert (ms, n) == (1.0, 3) and share == pytest.approx(1.0 / 14.0)
+    assert math.isnan(untimed(steps[3:])[0]) and untimed(steps[3:])[2] == 0
+    # the wall time goes through the timings file; an older file's lines (no wall_ms) read as nan
+    assert StepTiming.from_json(steps[0].to_json()) == steps[0]
+    assert math.isnan(StepTiming.from_json({k: v for k, v in steps[0].to_json().items() if k != "wall_ms"}).wall_ms)
 
 
 def test_timings_file_lines(tmp_path):
@@ -79,6 +96,7 @@ class StandIn(BaseHTTPRequestHandler):
 
     timings = ""
     in_flight = 0
+    requests = 0
     lock = threading.Lock()
     rng = random.Random(1)
 
@@ -103,6 +121,7 @@ class StandIn(BaseHTTPRequestHandler):
         assert req["sampling_params"]["ignore_eos"] is True
         with StandIn.lock:
             StandIn.in_flight += 1
+            StandIn.requests += 1
         try:
             lines = []
             for k in range(new):
@@ -132,6 +151,7 @@ def test_hvd_profile_writes_a_measured_profile(tmp_path, capsys):
     finally:
         server.shutdown()
     assert code == 0
+    assert StandIn.requests == 2 * 2 * (1 + 2 + 4 + 8)  # 2 rounds (the default) x 2 prompt lengths x the levels
     p = load_profile(str(out))
     assert (p.name, p.kind, p.target_model, p.draft_model, p.hardware) == (
         "p", "measured", "/models/tiny", "/models/tiny-draft", "stand-in")
@@ -139,7 +159,10 @@ def test_hvd_profile_writes_a_measured_profile(tmp_path, capsys):
     # the constants trade off (a fixed cost against a knee); the cells' times do not
     cells = cell_medians(read_timings(StandIn.timings, skip=1))
     assert max(errors(p, cells).values()) < 0.05
-    assert "held-back error" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "held-back error" in text
+    # every step's wall time was its parts' and 1.5 ms: the median is that to the float
+    assert "not timed, not in the profile: 1.50 ms a step" in text
 
 
 def test_hvd_profile_refuses_a_server_without_the_cycle(tmp_path, capsys):

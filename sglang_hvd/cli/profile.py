@@ -27,7 +27,7 @@ from ..collect import Client, CollectOptions
 from ..errors import HvdInputError
 from ..jsonl import write_json
 from ..report import format_table, progress
-from ..serving.step_timing import StepTiming, cell_medians, errors, fit_profile, fittable, read_timings
+from ..serving.step_timing import StepTiming, cell_medians, errors, fit_profile, fittable, read_timings, untimed
 from ..step_profile import DraftCost, ForwardCost, HostCost, StepProfile
 from .common import FILE, add_examples, add_json_flag, cli_entry, declare_outputs, int_in, int_list_in, seconds
 
@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "concurrency x (prompt + new tokens) within the server's KV pool")
     p.add_argument("--new-tokens", type=int_in(2, 100_000), default=48, metavar="N",
                    help="tokens each request generates (EOS ignored) (default: %(default)s)")
+    p.add_argument("--rounds", type=int_in(1, 100), default=2, metavar="R",
+                   help="send the whole grid R times, one round after another: a cell's steps then come from R "
+                        "stretches of time, so a minute when the machine ran slower (a neighbour, clocks) moves every "
+                        "cell a little instead of a few cells a lot (default: %(default)s)")
     p.add_argument("--min-steps", type=int_in(1, 10_000), default=3, metavar="K",
                    help="leave out grid cells timed fewer than K steps: batch sizes between two concurrency levels, "
                         "seen for a step or two while requests arrive or finish, whose median is one noisy sample "
@@ -94,11 +98,12 @@ def hvd_block(info: dict) -> dict:
     return {}
 
 
-def send_load(url: str, concurrency, prompt_tokens, new_tokens: int, timeout_s: float, seed: int) -> int:
-    """Every (prompt length, concurrency) level in turn, ``c`` requests at once; returns the
-    tokens generated."""
+def send_load(url: str, concurrency, prompt_tokens, new_tokens: int, timeout_s: float, seed: int,
+              rounds: int = 1) -> int:
+    """Every (prompt length, concurrency) level in turn, ``c`` requests at once, the whole
+    grid ``rounds`` times (new prompts each time); returns the tokens generated."""
     rng = random.Random(seed)
-    levels = [(p, c) for p in prompt_tokens for c in concurrency]
+    levels = [(p, c) for _ in range(rounds) for p in prompt_tokens for c in concurrency]
     client = Client(url, CollectOptions(concurrency=max(concurrency), max_new_tokens=new_tokens, timeout_s=timeout_s,
                                         retries=1))
     generated = 0
@@ -149,7 +154,8 @@ def main(args: argparse.Namespace) -> int:
         raise HvdInputError(f"{args.url} is not running the tier-cycle diagnostic ({found}): start it with "
                             "--hvd-gate G --hvd-tier-cycle --hvd-timings PATH")
     skip = sum(1 for _ in open(args.timings, encoding="utf-8")) if os.path.exists(args.timings) else 0
-    generated = send_load(args.url, args.concurrency, args.prompt_tokens, args.new_tokens, args.timeout, args.seed)
+    generated = send_load(args.url, args.concurrency, args.prompt_tokens, args.new_tokens, args.timeout, args.seed,
+                          args.rounds)
     timings = read_timings(args.timings, skip)
     if not timings:
         raise HvdInputError(f"{args.timings}: the server timed no decode steps under the load (is it the file this "
@@ -167,14 +173,22 @@ def main(args: argparse.Namespace) -> int:
         profile, fit_error=held_back,
         note=f"hvd profile: {len(timings):,} decode steps in {len(cells)} cells of >= {args.min_steps} steps "
              f"({left_out} smaller cells left out), {len(args.concurrency)} concurrencies x {len(args.prompt_tokens)} "
-             "prompt lengths; fit_error: held-back cells (a diagonal of the batch x width grid)")
+             f"prompt lengths x {args.rounds} rounds; fit_error: held-back cells (a diagonal of the batch x width "
+             "grid)")
     profile.write(args.output)
     rows = [(term, f"{100 * e:.1f}%") for term, e in held_back.items()]
     print(format_table(("term", "held-back error"), rows,
                        title=f"\n{len(timings):,} steps timed ({generated:,} tokens generated), {len(cells)} cells "
                              f"of >= {args.min_steps} steps ({left_out} smaller left out)"))
+    rest_ms, rest_share, walled = untimed(timings)
+    if walled:
+        print(f"not timed, not in the profile: {rest_ms:.2f} ms a step, {100 * rest_share:.1f}% of its wall time "
+              f"(median of {walled:,} steps run back to back: the scheduler and SGLang's speculative path around "
+              "the forwards, paid at every tier)")
     print(f"wrote {args.output}: {profile.describe()}")
     if args.json:
         write_json(args.json, {"profile": profile.to_json(), "held_back_error": held_back, "steps": len(timings),
-                               "cells": len(cells), "cells_left_out": left_out})
+                               "cells": len(cells), "cells_left_out": left_out,
+                               "untimed": {"ms": rest_ms, "share_of_wall": rest_share, "steps": walled}
+                               if walled else None})
     return 0

@@ -51,6 +51,10 @@ class StepTiming:
     draft_ms: float = math.nan
     extend_ms: float = math.nan
     host_ms: float = math.nan  # HVD's own host time (drafts, decision)
+    # the whole step as the host saw it: from the previous decode step's end to this one's (the scheduler's
+    # work between them included); nan after a prefill or any other forward in between. Not fitted:
+    # wall_ms - untimed(...) is what the profile does not time.
+    wall_ms: float = math.nan
 
     def to_json(self) -> dict:
         """A line of a timings file (nan: null)."""
@@ -99,7 +103,8 @@ def cell_medians(timings, min_steps: int = 1) -> list[StepTiming]:
         return float(np.median(v)) if v else math.nan
 
     return [StepTiming(b, n, int(np.median([t.context_tokens for t in ts])), med(t.verify_ms for t in ts), s, k,
-                       med(t.draft_ms for t in ts), med(t.extend_ms for t in ts), med(t.host_ms for t in ts))
+                       med(t.draft_ms for t in ts), med(t.extend_ms for t in ts), med(t.host_ms for t in ts),
+                       med(t.wall_ms for t in ts))
             for (b, n, s, k, _), ts in sorted(cells.items()) if len(ts) >= min_steps]
 
 
@@ -126,6 +131,21 @@ def measured(t: StepTiming) -> dict[str, float]:
         out["host"] = t.host_ms
     out["step"] = sum(out.values())
     return out
+
+
+def untimed(timings) -> tuple[float, float, int]:
+    """What the timed parts miss: ``(median ms, median share of the wall, steps)`` over the
+    steps with a wall time (nan, nan, 0 without any). The profile prices the parts; this
+    is the rest of a step (SGLang's scheduler and speculative bookkeeping around the
+    forwards), paid by every step of the server whatever its tier."""
+    rest, share = [], []
+    for t in timings:
+        if math.isfinite(t.wall_ms) and t.wall_ms > 0:
+            rest.append(max(t.wall_ms - measured(t)["step"], 0.0))
+            share.append(rest[-1] / t.wall_ms)
+    if not rest:
+        return math.nan, math.nan, 0
+    return float(np.median(rest)), float(np.median(share)), len(rest)
 
 
 def errors(profile: StepProfile, timings) -> dict[str, float]:
