@@ -12,7 +12,11 @@ EAGLE3 at topk 1 (1-3-4), and a gate for that shape trained on the synthetic wor
   (a) profile   a --hvd-tier-cycle server with --hvd-timings; `hvd profile` sends it load at
                 --profile-concurrency x --profile-prompt-tokens and fits a step-time profile
                 to the cell medians (its held-back errors are printed). Skipped with --profile.
-  (b) serve     one server per configuration, shared by every --batch:
+  (b) serve     one server per configuration, shared by every --batch, all of them up at
+                once (an idle one sleeps: --sleep-on-idle) and served in turn, a round of one
+                configuration after a round of the next, so a slow stretch of the machine
+                lands on every configuration alike (one server after another, greedy moved
+                by ~50% between runs, more than the configurations differ):
                   greedy      no speculation (the reference output)
                   adaptive    SGLang's adaptive EAGLE3 (--speculative-adaptive)
                   hvd_blind   HVD at the served shape every step (--hvd-gate)
@@ -34,6 +38,7 @@ printed, never asserted; the machine's other load shows in them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -200,20 +205,39 @@ def measure_profile(a, target: str, draft: str, gate: str, work: str) -> tuple[s
         return out, json.load(f)
 
 
-def serve(server, requests: list[dict], batch: int) -> dict:
-    """Both rounds at ``batch`` requests in flight: outputs, tokens and wall seconds per round."""
-    rounds = []
+def serve_round(server, requests: list[dict], batch: int) -> dict:
+    """One round at ``batch`` requests in flight: outputs, tokens and wall seconds."""
+    t0 = time.perf_counter()
+    answers = server.generate_many(requests, max_workers=batch)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(x["output_ids"]) for x in answers)
+    # decode steps that verified drafts (SGLang's spec_verify_ct; 0 without speculation)
+    verifies = sum((x.get("meta_info") or {}).get("spec_verify_ct", 0) for x in answers)
+    return {"outputs": [x["output_ids"] for x in answers], "tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall, "verify_steps": verifies}
+
+
+def serve_in_turn(servers: dict, requests: list[dict], batch: int) -> dict[str, dict]:
+    """Both rounds at ``batch`` on every server, a round of each in turn: per configuration
+    its rounds and tokens/s (and, for HVD, its decode steps by mode and /server_info figures)."""
+    before = {c: hvd_state(s) for c, s in servers.items() if c in HVD_CONFIGS}
+    rounds: dict[str, list] = {c: [] for c in servers}
     for r in range(ROUNDS):
-        t0 = time.perf_counter()
-        answers = server.generate_many(requests, max_workers=batch)
-        wall = time.perf_counter() - t0
-        tokens = sum(len(x["output_ids"]) for x in answers)
-        # decode steps that verified drafts (SGLang's spec_verify_ct; 0 without speculation)
-        verifies = sum((x.get("meta_info") or {}).get("spec_verify_ct", 0) for x in answers)
-        rounds.append({"outputs": [x["output_ids"] for x in answers], "tokens": tokens, "wall_s": wall,
-                       "tokens_per_s": tokens / wall, "verify_steps": verifies})
-        log(f"    batch {batch} round {r + 1}: {tokens} tokens in {wall:.1f} s ({tokens / wall:.1f} tokens/s)")
-    return {"rounds": rounds, "tokens_per_s": sum(x["tokens"] for x in rounds) / sum(x["wall_s"] for x in rounds)}
+        for c, server in servers.items():
+            x = serve_round(server, requests, batch)
+            rounds[c].append(x)
+            log(f"    {c} batch {batch} round {r + 1}: {x['tokens']} tokens in {x['wall_s']:.1f} s "
+                f"({x['tokens_per_s']:.1f} tokens/s)")
+    out = {}
+    for c, server in servers.items():
+        res = {"rounds": rounds[c],
+               "tokens_per_s": sum(x["tokens"] for x in rounds[c]) / sum(x["wall_s"] for x in rounds[c])}
+        if c in HVD_CONFIGS:
+            after = hvd_state(server)
+            res["modes"] = mode_delta(before[c], after)
+            res["hvd"] = {k: v for k, v in after.items() if k.startswith("profile") or k in HVD_FIGURES}
+        out[c] = res
+    return out
 
 
 def mode_delta(before: dict, after: dict) -> dict:
@@ -250,19 +274,17 @@ def run(a: argparse.Namespace) -> int:
 
     requests = make_requests(a.seed, a.requests, a.new_tokens)
     results: dict[str, dict] = {}
-    for config in a.configs:
-        args, launcher = server_args(config, draft, gate, a.profile, max(a.batch))
-        log(f"(b) {config}")
-        with harness.start_server(target, args, log_dir=work, launcher=launcher) as server:
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for config in a.configs:
+            args, launcher = server_args(config, draft, gate, a.profile, max(a.batch))
+            log(f"(b) {config}")
+            server = servers[config] = stack.enter_context(harness.start_server(target, args, log_dir=work,
+                                                                               launcher=launcher))
             log(f"    started in {server.start_seconds:.0f} s")
             results[config] = {"start_s": server.start_seconds, "log": server.log_path, "batches": {}}
-            for batch in a.batch:
-                before = hvd_state(server) if config in HVD_CONFIGS else {}
-                res = serve(server, requests, batch)
-                if config in HVD_CONFIGS:
-                    after = hvd_state(server)
-                    res["modes"] = mode_delta(before, after)
-                    res["hvd"] = {k: v for k, v in after.items() if k.startswith("profile") or k in HVD_FIGURES}
+        for batch in a.batch:
+            for config, res in serve_in_turn(servers, requests, batch).items():
                 results[config]["batches"][batch] = res
 
     report = summarize(a, results, profile_report, time.time() - started)
