@@ -304,9 +304,12 @@ def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
     w = 1.0 / y  # relative error
     best = None
     sampled = np.array(sorted(set(bn.tolist()) | {1.0}))
-    # the knee rarely sits on a sampled B * N: between two sampled values, try 16 more (geometric steps)
-    knees = np.unique(np.concatenate([sampled] + [np.geomspace(lo, hi, 18)[1:-1]
-                                                  for lo, hi in zip(sampled, sampled[1:])]))
+    # the knee rarely sits on a sampled B * N: between two sampled values, try up to 16 more (geometric
+    # steps), fewer where the sampled values are close (steps of 2%: the online refit's 2,048 steps span
+    # hundreds of B * N, whose 16 each made a refit on the scheduler's thread take seconds)
+    gaps = [np.geomspace(lo, hi, 2 + min(16, max(0, math.ceil(math.log(hi / lo) / math.log(1.02)) - 1)))[1:-1]
+            for lo, hi in zip(sampled, sampled[1:])]
+    knees = np.unique(np.concatenate([sampled] + gaps))
     for knee in knees.tolist():
         x = np.stack([np.ones_like(y), ctx, np.maximum(knee, bn), rows], axis=1)
         c, sse = _nnls(x * w[:, None], y * w)
