@@ -22,6 +22,7 @@ from sglang_hvd.step_profile import (
     StepProfile,
     VerifySample,
     _nnls,
+    _nnls_many,
     fit_draft,
     fit_host,
     fit_verify,
@@ -211,6 +212,19 @@ def test_nnls_keeps_every_coefficient_at_or_above_zero():
     c, sse = _nnls(np.eye(2), np.array([2.0, -1.0]))  # the negative coefficient is dropped, not clipped into the fit
     assert c.tolist() == pytest.approx([2.0, 0.0]) and sse == pytest.approx(1.0)
 
+
+
+def test_nnls_of_many_designs_fits_each_as_alone_and_keeps_fewer_columns_on_collinear_ones():
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    designs = np.stack([x, x * [1.0, -1.0], np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])])
+    c, sse = _nnls_many(designs, np.array([3.0, 2.0, 1.0]))
+    # y = 4 - x: the first design's slope must stay >= 0 (the mean, 2); the second's column is -x (y = 4 + 1 * -x,
+    # exact); the third's two columns are one (both fit y's mean, 2): the one-column fit is kept, not split
+    assert c.ravel().tolist() == pytest.approx([2.0, 0.0, 4.0, 1.0, 2.0, 0.0])
+    assert sse.tolist() == pytest.approx([2.0, 0.0, 2.0], abs=1e-9)
+    for design, (want_c, want_sse) in zip(designs, zip(c, sse)):
+        alone, alone_sse = _nnls(design, np.array([3.0, 2.0, 1.0]))
+        assert alone.tolist() == pytest.approx(want_c.tolist()) and alone_sse == pytest.approx(want_sse, abs=1e-9)
 
 def test_fits_refuse_too_few_samples_and_relative_error_is_the_mean():
     with pytest.raises(ValueError, match="fitting a verify cost needs >= 3 samples, got 2"):
