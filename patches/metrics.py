@@ -24,6 +24,8 @@ GAUGES = {
     "tier_switches": "Switches of the verify tier (cost-aware serving, --hvd-profile)",
     "profile_version": "Step-time profiles refitted online and served after the first",
     "profile_error_step": "Mean |predicted / measured - 1| of the served profile's step time on the newest steps",
+    "profile_untimed_ms": "Median ms of a decode step that no profile term times (SGLang's scheduler around the "
+                          "forwards), newest steps",
     "recorded_dropped": "Trace records dropped because the recorder queue was full",
     "recorded_failed": "Trace records lost because writing them failed (disk full, read-only file)",
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -69,6 +70,21 @@ def test_the_refiner_serves_a_better_fit_and_only_a_better_one():
     assert not any(frozen.add(served(true, *g)) for g in GRID)
     assert frozen.summary()["profile_error_verify"] > 0.1
 
+
+
+def test_the_refiner_reports_what_the_profile_does_not_time():
+    refiner = ProfileRefiner(profile(), window=16, refit_every=1000)
+    refiner.add(served(profile(), 8, 4, 800, 1))  # no wall time (after a prefill): nothing to report yet
+    assert "profile_untimed_ms" not in refiner.summary()
+    for extra_ms in (1.0, 2.0, 3.0):  # wall = the timed parts + extra_ms
+        t = served(profile(), 8, 1, 800, 0)
+        timed = t.verify_ms + t.extend_ms + t.host_ms
+        refiner.add(dataclasses.replace(t, wall_ms=timed + extra_ms))
+    summary = refiner.summary()
+    # timed: 1 + 0.001 * 800 + 0.01 * 8 = 1.88 verify, 0.4 + 0.002 * 8 + 0.0001 * 800 = 0.496 extend,
+    # 0.05 + 0.03 * 8 = 0.29 host: 2.666 ms; the median extra is 2.0 ms, 2 / 4.666 of the wall
+    assert summary["profile_untimed_ms"] == 2.0
+    assert summary["profile_untimed_share"] == round(2.0 / 4.666, 4)
 
 def test_refiner_bounds():
     with pytest.raises(ValueError, match="window must be >= 16"):

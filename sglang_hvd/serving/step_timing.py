@@ -240,6 +240,10 @@ class ProfileRefiner:
     def summary(self) -> dict:
         """For /server_info: the profile in use and how well it predicts the newest steps."""
         err = errors(self.profile, self._timings)
+        rest_ms, rest_share, walled = untimed(self._timings)
         return {"profile": self.profile.name, "profile_kind": self.profile.kind, "profile_version": self.version,
                 "profile_steps_timed": self.steps,
-                **{f"profile_error_{term}": round(v, 4) for term, v in err.items()}}
+                **{f"profile_error_{term}": round(v, 4) for term, v in err.items()},
+                # what no profile term times (SGLang's scheduler around the forwards), newest steps' median
+                **({"profile_untimed_ms": round(rest_ms, 3), "profile_untimed_share": round(rest_share, 4)}
+                   if walled else {})}
