@@ -32,8 +32,16 @@ model's size and a GPU's bandwidth and throughput:
                       fixed_ms + (draft_per_row_ms + decide_per_row_ms) * B
                     SuffixDecoding alone (cache_only) pays fixed_ms + draft_per_row_ms * B.
 
+  untimed           what a speculating server's decode step costs beyond the timed parts:
+                    SGLang's scheduler and speculative bookkeeping around the forwards,
+                    whatever the tier (``hvd profile`` and the online refit measure it
+                    from each step's wall time; 0 in the estimates, which do not model
+                    it, and in format 1 and 2 profiles). A plain server (``greedy``: no
+                    draft model, no host drafts) does not pay it: SGLang overlaps its
+                    scheduling with the forwards.
+
   step = verify + eagle3 (when drafted) + extend (a server with a draft model)
-         + hvd_cpu (HVD's, or the drafts' alone)
+         + hvd_cpu (HVD's, or the drafts' alone) + untimed (a speculating server)
 
 Shipped estimates (``ESTIMATES``; labelled ``kind: estimate``, used until a measured
 profile exists) come from ``roofline``: Qwen3-8B in bf16 (16.4 GB of weights read per
@@ -61,8 +69,9 @@ from .errors import HvdInputError
 from .jsonl import write_json
 from .tiers import Tier
 
-PROFILE_FORMAT = 2  # 2: verify.per_row_ms
-READS_FORMATS = (1, 2)  # a format 1 profile is read with verify.per_row_ms = 0 (what it meant)
+PROFILE_FORMAT = 3  # 2: verify.per_row_ms; 3: untimed_ms
+# a format 1 profile is read with verify.per_row_ms = 0, a format 1 or 2 one with untimed_ms = 0 (what they meant)
+READS_FORMATS = (1, 2, 3)
 KINDS = ("estimate", "measured")
 
 
@@ -156,26 +165,31 @@ class StepProfile:
     verify: ForwardCost
     eagle3: DraftCost
     hvd_cpu: HostCost
+    untimed_ms: float = 0.0  # a speculating server's step beyond the timed parts (the module docstring)
     note: str = ""
     fit_error: dict[str, float] = dataclasses.field(default_factory=dict)  # mean |predicted/measured - 1| per term
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"profile kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        _check("profile", untimed_ms=self.untimed_ms)
 
     def step_ms(self, tier: Tier, batch: int, context_tokens: float, eagle3: bool, host: str = HOST_HVD,
                 extend: str = EXTEND_EVERY_STEP) -> float:
         """One decode step of ``batch`` rows at ``tier``: the verify forward, EAGLE3's
         draft forwards when ``eagle3`` (a speculating tier only), its extend as ``extend``
         says (EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED or EXTEND_NONE), and ``host`` work:
-        HOST_HVD (drafts and decision), HOST_DRAFTS (cache drafts alone) or HOST_NONE."""
+        HOST_HVD (drafts and decision), HOST_DRAFTS (cache drafts alone) or HOST_NONE; and,
+        on a speculating server (host work or a draft model: not HOST_NONE with EXTEND_NONE),
+        ``untimed_ms``."""
         t = self.verify.ms(batch, tier.tokens_per_row, context_tokens)
         drafted = eagle3 and tier.shape is not None
         if drafted:
             t += self.eagle3.ms(batch, tier.shape.steps, tier.shape.topk, context_tokens)
         if extend == EXTEND_EVERY_STEP or (extend == EXTEND_WHEN_DRAFTED and drafted):
             t += self.eagle3.extend(batch, context_tokens)
-        return t + self.hvd_cpu.ms(batch, host)
+        speculating = host != HOST_NONE or extend != EXTEND_NONE
+        return t + self.hvd_cpu.ms(batch, host) + (self.untimed_ms if speculating else 0.0)
 
     def describe(self) -> str:
         return f"{self.name} ({self.kind}: {self.target_model} + {self.draft_model} on {self.hardware})"
@@ -185,7 +199,7 @@ class StepProfile:
                 "target_model": self.target_model, "draft_model": self.draft_model, "hardware": self.hardware,
                 "note": self.note, "verify": dataclasses.asdict(self.verify),
                 "eagle3": dataclasses.asdict(self.eagle3), "hvd_cpu": dataclasses.asdict(self.hvd_cpu),
-                "fit_error": dict(self.fit_error)}
+                "untimed_ms": self.untimed_ms, "fit_error": dict(self.fit_error)}
 
     @classmethod
     def from_json(cls, d: dict, where: str = "profile") -> StepProfile:
@@ -194,12 +208,12 @@ class StepProfile:
         version = d.get("format_version")
         if version not in READS_FORMATS:
             raise HvdInputError(f"{where}: profile format_version {version!r}, this sglang-hvd reads "
-                                f"{' and '.join(map(str, READS_FORMATS))}; {_FIX}")
+                                f"{', '.join(map(str, READS_FORMATS[:-1]))} and {READS_FORMATS[-1]}; {_FIX}")
         try:
             return cls(name=str(d["name"]), kind=str(d["kind"]), target_model=str(d["target_model"]),
                        draft_model=str(d["draft_model"]), hardware=str(d["hardware"]), note=str(d.get("note", "")),
                        verify=ForwardCost(**d["verify"]), eagle3=DraftCost(**d["eagle3"]),
-                       hvd_cpu=HostCost(**d["hvd_cpu"]),
+                       hvd_cpu=HostCost(**d["hvd_cpu"]), untimed_ms=d["untimed_ms"] if version >= 3 else 0.0,
                        fit_error={str(k): float(v) for k, v in d.get("fit_error", {}).items()})
         except KeyError as e:
             raise HvdInputError(f"{where}: the profile lacks {e}; {_FIX}") from None

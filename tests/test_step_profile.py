@@ -3,6 +3,7 @@ estimate checked by hand, step times by tier and host work, and the fits."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -42,9 +43,9 @@ def profile(verify=(0.4, 0.025, 64.0, 4e-5), eagle3=(0.5, 0.3, 0.002, 1e-6, 0.0)
 
 
 def test_a_profile_round_trips_through_json_and_a_file(tmp_path):
-    p = profile(note="measured on the CPU harness", fit_error={"verify": 0.03})
+    p = profile(note="measured on the CPU harness", fit_error={"verify": 0.03}, untimed_ms=1.5)
     d = p.to_json()
-    assert d["format_version"] == 2 and d["kind"] == "measured"
+    assert d["format_version"] == 3 and d["kind"] == "measured" and d["untimed_ms"] == 1.5
     assert d["verify"] == {"fixed_ms": 0.4, "per_token_ms": 0.025, "knee_tokens": 64.0, "per_context_token_ms": 4e-5,
                            "per_row_ms": 0.0}
     assert StepProfile.from_json(json.loads(json.dumps(d))) == p
@@ -77,8 +78,11 @@ GOOD = profile().to_json()
 
 
 @pytest.mark.parametrize("doc, message", [
-    (_with(GOOD, "format_version", None, 3), "p.json: profile format_version 3, this sglang-hvd reads 1 and 2"),
-    (_without(GOOD, "format_version"), "p.json: profile format_version None, this sglang-hvd reads 1 and 2"),
+    (_with(GOOD, "format_version", None, 4), "p.json: profile format_version 4, this sglang-hvd reads 1, 2 and 3"),
+    (_without(GOOD, "format_version"), "p.json: profile format_version None, this sglang-hvd reads 1, 2 and 3"),
+    (_without(GOOD, "untimed_ms"), "p.json: the profile lacks 'untimed_ms'"),
+    (_with(GOOD, "untimed_ms", None, -1.0), "profile.untimed_ms must be a finite number >= 0, got -1.0"),
+    (_with(GOOD, "untimed_ms", None, "2"), "profile.untimed_ms must be a finite number >= 0, got '2'"),
     (_with(GOOD, "verify", "per_row_ms", -0.5), "verify.per_row_ms must be a finite number >= 0, got -0.5"),
     (_without(GOOD, "hardware"), "p.json: the profile lacks 'hardware'"),
     (_without(GOOD, "eagle3"), "p.json: the profile lacks 'eagle3'"),
@@ -97,10 +101,14 @@ def test_a_bad_profile_is_refused_in_one_line_naming_the_fix(doc, message):
     assert f"pass a shipped estimate instead ({SHIPPED})" in text
 
 
-def test_a_format_1_profile_is_read_with_no_per_row_verify_cost():
+def test_a_format_1_profile_is_read_with_no_per_row_verify_cost_and_format_1_and_2_with_nothing_untimed():
     old = _with(_without(GOOD, "verify", "per_row_ms"), "format_version", None, 1)  # what sglang-hvd wrote before
-    p = StepProfile.from_json(old)
-    assert p.verify.per_row_ms == 0.0 and p == profile()
+    p = StepProfile.from_json(_without(old, "untimed_ms"))
+    assert p.verify.per_row_ms == 0.0 and p.untimed_ms == 0.0 and p == profile()
+    two = _with(_without(_with(GOOD, "verify", "per_row_ms", 0.3), "untimed_ms"), "format_version", None, 2)
+    assert StepProfile.from_json(two) == profile(verify=(0.4, 0.025, 64.0, 4e-5, 0.3))
+    # a stray untimed_ms in an old format is what it meant then: nothing
+    assert StepProfile.from_json(_with(two, "untimed_ms", None, 9.0)).untimed_ms == 0.0
     assert p.verify.ms(8, 4, 1000) == pytest.approx(0.4 + 4e-5 * 1000 + 0.025 * 64)
     assert profile(verify=(0.4, 0.025, 64.0, 4e-5, 0.3)).verify.ms(8, 4, 1000) == pytest.approx(
         0.4 + 8 * 0.3 + 4e-5 * 1000 + 0.025 * 64)
@@ -160,6 +168,15 @@ def test_step_ms_adds_the_draft_forwards_and_the_host_work_a_step_pays():
     assert p.step_ms(tree, 1, 0, eagle3=True, host=HOST_NONE) == pytest.approx(4.5 + eagle3 + extend)  # eagle3@T
     assert p.hvd_cpu.ms(64, HOST_HVD) == pytest.approx(0.15 + 0.03 * 64)
     assert p.hvd_cpu.ms(64, HOST_DRAFTS) == pytest.approx(0.15 + 0.01 * 64)
+    # the estimates model nothing untimed; a measured profile's untimed part is paid by every speculating step,
+    # at any tier (drafts on the host or a draft model), never by a plain server's (greedy)
+    assert p.untimed_ms == 0.0
+    q = dataclasses.replace(p, untimed_ms=2.0)
+    for tier, kw in ((off, {}), (tree, {}), (tree, dict(eagle3=False, host=HOST_DRAFTS, extend=EXTEND_NONE)),
+                     (tree, dict(host=HOST_NONE))):
+        args = dict(eagle3=True) | kw
+        assert q.step_ms(tier, 1, 0, **args) == pytest.approx(p.step_ms(tier, 1, 0, **args) + 2.0)
+    assert q.step_ms(off, 1, 0, eagle3=False, host=HOST_NONE, extend=EXTEND_NONE) == pytest.approx(4.5)
 
 
 GRID = [(b, n, c) for b in (1, 2, 4, 8, 16, 32, 64, 128) for n in (1, 4, 16) for c in (0, 8192, 65536)]

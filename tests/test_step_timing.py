@@ -74,12 +74,17 @@ def test_the_refiner_serves_a_better_fit_and_only_a_better_one():
 
 def test_the_refiner_reports_what_the_profile_does_not_time():
     refiner = ProfileRefiner(profile(), window=16, refit_every=1000)
-    refiner.add(served(profile(), 8, 4, 800, 1))  # no wall time (after a prefill): nothing to report yet
+    steps = [served(profile(), 8, 4, 800, 1)]  # no wall time (after a prefill): nothing to report yet
+    refiner.add(steps[0])
     assert "profile_untimed_ms" not in refiner.summary()
+    # a refit keeps the served untimed part without steps run back to back
+    assert fit_profile(dataclasses.replace(profile(), untimed_ms=0.7), steps, "f").untimed_ms == 0.7
     for extra_ms in (1.0, 2.0, 3.0):  # wall = the timed parts + extra_ms
         t = served(profile(), 8, 1, 800, 0)
         timed = t.verify_ms + t.extend_ms + t.host_ms
-        refiner.add(dataclasses.replace(t, wall_ms=timed + extra_ms))
+        steps.append(dataclasses.replace(t, wall_ms=timed + extra_ms))
+        refiner.add(steps[-1])
+    assert fit_profile(profile(), steps, "f").untimed_ms == pytest.approx(2.0)  # and takes the steps' median with
     summary = refiner.summary()
     # timed: 1 + 0.001 * 800 + 0.01 * 8 = 1.88 verify, 0.4 + 0.002 * 8 + 0.0001 * 800 = 0.496 extend,
     # 0.05 + 0.03 * 8 = 0.29 host: 2.666 ms; the median extra is 2.0 ms, 2 / 4.666 of the wall

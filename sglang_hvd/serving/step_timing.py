@@ -178,7 +178,8 @@ def fittable(timings) -> set[str]:
 
 def fit_profile(base: StepProfile, timings, name: str) -> StepProfile:
     """``base`` with each term refitted where ``timings`` span enough shapes (``fittable``;
-    the host's drafts share kept from ``base``). Others keep ``base``'s constants."""
+    the host's drafts share kept from ``base``), and the untimed part of a step the
+    median of the steps with a wall time (``untimed``). Others keep ``base``'s constants."""
     verify, eagle3, host = base.verify, base.eagle3, base.hvd_cpu
     terms = fittable(timings)
     if "verify" in terms:
@@ -201,7 +202,9 @@ def fit_profile(base: StepProfile, timings, name: str) -> StepProfile:
         share = base.hvd_cpu.draft_per_row_ms / max(base.hvd_cpu.draft_per_row_ms + base.hvd_cpu.decide_per_row_ms,
                                                     1e-12)
         host = HostCost(max(float(intercept), 0.0), per_row * share, per_row * (1 - share))
+    rest_ms, _, walled = untimed(timings)
     fitted = dataclasses.replace(base, name=name, kind="measured", verify=verify, eagle3=eagle3, hvd_cpu=host,
+                                 untimed_ms=rest_ms if walled else base.untimed_ms,
                                  note=f"refitted online from {len(timings)} served steps over {base.describe()}")
     return dataclasses.replace(fitted, fit_error=errors(fitted, timings))
 

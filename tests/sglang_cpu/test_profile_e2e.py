@@ -62,6 +62,7 @@ def test_the_profile_written_is_served_by_a_server_of_its_model(profiled, sglang
     p = load_profile(profiled["path"])
     assert p.kind == "measured" and p.target_model == sglang_cpu_models.llama and p.hardware == "CPU"
     assert p.fit_error == profiled["report"]["held_back_error"]
+    assert p.untimed_ms == profiled["report"]["untimed"]["ms"] > 0
     # every (batch, width) cell of the load, none of the in-between batch sizes
     assert profiled["report"]["cells"] >= 24 and profiled["report"]["cells_left_out"] >= 0
     # a verify of more tokens costs more, at every batch
