@@ -85,6 +85,11 @@ def test_the_refiner_reports_what_the_profile_does_not_time():
         steps.append(dataclasses.replace(t, wall_ms=timed + extra_ms))
         refiner.add(steps[-1])
     assert fit_profile(profile(), steps, "f").untimed_ms == pytest.approx(2.0)  # and takes the steps' median with
+    # the refiner serves it at its next refit even where the terms' fit is no better (exact steps here)
+    follows = ProfileRefiner(profile(), window=16, refit_every=len(steps))
+    assert [follows.add(t) for t in steps] == [False] * (len(steps) - 1) + [True]
+    assert follows.profile.untimed_ms == pytest.approx(2.0) and follows.profile.verify == profile().verify
+    assert follows.version == 1
     summary = refiner.summary()
     # timed: 1 + 0.001 * 800 + 0.01 * 8 = 1.88 verify, 0.4 + 0.002 * 8 + 0.0001 * 800 = 0.496 extend,
     # 0.05 + 0.03 * 8 = 0.29 host: 2.666 ms; the median extra is 2.0 ms, 2 / 4.666 of the wall

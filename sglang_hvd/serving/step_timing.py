@@ -8,7 +8,8 @@ hands them here as StepTiming records. ProfileRefiner keeps the newest ones and
   measured - 1| per term (verify, draft, extend, host) and for the whole step;
 - every ``refit_every`` steps fits a profile to them (step_profile.fit_*), and serves it
   instead only when the samples span enough shapes to fit a term (a term that cannot be
-  fitted keeps the served constants) and the fit predicts the recent steps better.
+  fitted keeps the served constants) and the fit predicts the recent steps better;
+  otherwise the served terms stay and only its untimed part follows the steps' median.
 
 The decision (cost_rule.CostRule) reads ``refiner.profile``; the stepper swaps its rule
 between steps when the profile changes (``version`` counts the swaps).
@@ -236,9 +237,12 @@ class ProfileRefiner:
         now = errors(self.profile, self._timings).get("step", math.inf)
         if candidate.fit_error.get("step", math.inf) < now:
             self.profile = candidate
-            self.version += 1
-            return True
-        return False
+        elif candidate.untimed_ms != self.profile.untimed_ms:  # the terms stay, the untimed part follows the steps
+            self.profile = dataclasses.replace(self.profile, untimed_ms=candidate.untimed_ms)
+        else:
+            return False
+        self.version += 1
+        return True
 
     def summary(self) -> dict:
         """For /server_info: the profile in use and how well it predicts the newest steps."""
