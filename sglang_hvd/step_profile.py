@@ -32,16 +32,18 @@ model's size and a GPU's bandwidth and throughput:
                       fixed_ms + (draft_per_row_ms + decide_per_row_ms) * B
                     SuffixDecoding alone (cache_only) pays fixed_ms + draft_per_row_ms * B.
 
-  untimed           what a speculating server's decode step costs beyond the timed parts:
-                    SGLang's scheduler and speculative bookkeeping around the forwards,
-                    whatever the tier (``hvd profile`` and the online refit measure it
-                    from each step's wall time; 0 in the estimates, which do not model
-                    it, and in format 1 and 2 profiles). A plain server (``greedy``: no
-                    draft model, no host drafts) does not pay it: SGLang overlaps its
-                    scheduling with the forwards.
+  untimed           what an HVD server's decode step costs beyond the timed parts: SGLang's
+                    scheduler and speculative bookkeeping around the forwards, whatever
+                    the tier (``hvd profile`` and the online refit measure it from each
+                    step's wall time; 0 in the estimates, which do not model it, and in
+                    format 1 and 2 profiles). Paid by the steps that draft on the host
+                    (HVD's and cache_only's: an HVD server runs with
+                    --disable-overlap-schedule); SGLang's own servers (greedy, EAGLE3)
+                    can overlap their scheduling with the forwards, so replay charges
+                    them none of it (in HVD's disfavour where they do not).
 
   step = verify + eagle3 (when drafted) + extend (a server with a draft model)
-         + hvd_cpu (HVD's, or the drafts' alone) + untimed (a speculating server)
+         + hvd_cpu (HVD's, or the drafts' alone) + untimed (HVD's server)
 
 Shipped estimates (``ESTIMATES``; labelled ``kind: estimate``, used until a measured
 profile exists) come from ``roofline``: Qwen3-8B in bf16 (16.4 GB of weights read per
@@ -165,7 +167,7 @@ class StepProfile:
     verify: ForwardCost
     eagle3: DraftCost
     hvd_cpu: HostCost
-    untimed_ms: float = 0.0  # a speculating server's step beyond the timed parts (the module docstring)
+    untimed_ms: float = 0.0  # an HVD server's step beyond the timed parts (the module docstring)
     note: str = ""
     fit_error: dict[str, float] = dataclasses.field(default_factory=dict)  # mean |predicted/measured - 1| per term
 
@@ -180,16 +182,14 @@ class StepProfile:
         draft forwards when ``eagle3`` (a speculating tier only), its extend as ``extend``
         says (EXTEND_EVERY_STEP, EXTEND_WHEN_DRAFTED or EXTEND_NONE), and ``host`` work:
         HOST_HVD (drafts and decision), HOST_DRAFTS (cache drafts alone) or HOST_NONE; and,
-        on a speculating server (host work or a draft model: not HOST_NONE with EXTEND_NONE),
-        ``untimed_ms``."""
+        with host work (HVD's server), ``untimed_ms``."""
         t = self.verify.ms(batch, tier.tokens_per_row, context_tokens)
         drafted = eagle3 and tier.shape is not None
         if drafted:
             t += self.eagle3.ms(batch, tier.shape.steps, tier.shape.topk, context_tokens)
         if extend == EXTEND_EVERY_STEP or (extend == EXTEND_WHEN_DRAFTED and drafted):
             t += self.eagle3.extend(batch, context_tokens)
-        speculating = host != HOST_NONE or extend != EXTEND_NONE
-        return t + self.hvd_cpu.ms(batch, host) + (self.untimed_ms if speculating else 0.0)
+        return t + (0.0 if host == HOST_NONE else self.hvd_cpu.ms(batch, host) + self.untimed_ms)
 
     def describe(self) -> str:
         return f"{self.name} ({self.kind}: {self.target_model} + {self.draft_model} on {self.hardware})"

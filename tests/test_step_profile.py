@@ -168,15 +168,15 @@ def test_step_ms_adds_the_draft_forwards_and_the_host_work_a_step_pays():
     assert p.step_ms(tree, 1, 0, eagle3=True, host=HOST_NONE) == pytest.approx(4.5 + eagle3 + extend)  # eagle3@T
     assert p.hvd_cpu.ms(64, HOST_HVD) == pytest.approx(0.15 + 0.03 * 64)
     assert p.hvd_cpu.ms(64, HOST_DRAFTS) == pytest.approx(0.15 + 0.01 * 64)
-    # the estimates model nothing untimed; a measured profile's untimed part is paid by every speculating step,
-    # at any tier (drafts on the host or a draft model), never by a plain server's (greedy)
+    # the estimates model nothing untimed; a measured profile's untimed part is paid by every step of HVD's server
+    # (host drafts), at any tier, not by SGLang's own servers (greedy, EAGLE3: they can overlap their scheduling)
     assert p.untimed_ms == 0.0
     q = dataclasses.replace(p, untimed_ms=2.0)
-    for tier, kw in ((off, {}), (tree, {}), (tree, dict(eagle3=False, host=HOST_DRAFTS, extend=EXTEND_NONE)),
-                     (tree, dict(host=HOST_NONE))):
+    for tier, kw in ((off, {}), (tree, {}), (tree, dict(eagle3=False, host=HOST_DRAFTS, extend=EXTEND_NONE))):
         args = dict(eagle3=True) | kw
         assert q.step_ms(tier, 1, 0, **args) == pytest.approx(p.step_ms(tier, 1, 0, **args) + 2.0)
-    assert q.step_ms(off, 1, 0, eagle3=False, host=HOST_NONE, extend=EXTEND_NONE) == pytest.approx(4.5)
+    assert q.step_ms(tree, 1, 0, eagle3=True, host=HOST_NONE) == pytest.approx(4.5 + eagle3 + extend)  # eagle3@T
+    assert q.step_ms(off, 1, 0, eagle3=False, host=HOST_NONE, extend=EXTEND_NONE) == pytest.approx(4.5)  # greedy
 
 
 GRID = [(b, n, c) for b in (1, 2, 4, 8, 16, 32, 64, 128) for n in (1, 4, 16) for c in (0, 8192, 65536)]
