@@ -30,6 +30,9 @@ EAGLE3 at topk 1 (1-3-4), and a gate for that shape trained on the synthetic wor
                 already holds every answer.
 
 Tokens/s = output tokens / wall seconds of a round (first request sent to last answer).
+The HVD servers time their decode steps (--hvd-timings, in --work-dir): per round, the
+steps by verify width and their median wall time are printed; with --calibration, also
+the gate's mean predicted payoff for the drafts it judged against the realized one.
 Every output must equal greedy's at the same batch (exit 1 otherwise). Ratios: hvd_cost's
 tokens/s over each other configuration's, at each batch, both rounds together. Figures are
 printed, never asserted; the machine's other load shows in them.
@@ -55,6 +58,7 @@ from sglang_hvd.harness import server as harness
 from sglang_hvd.harness import tiny_models
 from sglang_hvd.harness.gates import GateFactory
 from sglang_hvd.report import format_table
+from sglang_hvd.serving.step_timing import read_timings
 from sglang_hvd.step_profile import load_profile
 from sglang_hvd.verify import TOPK1_SHAPE
 
@@ -100,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the requests (default: %(default)s)")
     p.add_argument("--work-dir", metavar="DIR", help="models, gate, profile, timings and server logs "
                                                      "(default: a new temp dir)")
+    p.add_argument("--calibration", action="store_true",
+                   help="serve the HVD configurations with --hvd-online-calibration and print, per round, the mean "
+                        "payoff the gate predicted for its judged drafts against the one realized (at topk 1 the "
+                        "rows verified do not change: the cost rule prices the gate's own value)")
     p.add_argument("--json", metavar="OUT", help="write every figure here")
     return p
 
@@ -217,14 +225,59 @@ def serve_round(server, requests: list[dict], batch: int) -> dict:
             "tokens_per_s": tokens / wall, "verify_steps": verifies}
 
 
-def serve_in_turn(servers: dict, requests: list[dict], batch: int) -> dict[str, dict]:
+def steps_file(work: str, config: str) -> str:
+    return os.path.join(work, f"{config}_steps.jsonl")
+
+
+def timed_steps(work: str, config: str, skip: int = 0) -> list:
+    """The decode steps an HVD configuration's server timed, after the first ``skip``."""
+    path = steps_file(work, config)
+    return read_timings(path, skip) if os.path.exists(path) else []
+
+
+def by_width(steps) -> dict[str, dict]:
+    """Decode steps by verify width (N tokens a row; EAGLE3: drafted): their number and
+    median wall time (from the previous decode step's end; steps after a prefill have none)."""
+    groups: dict[str, list] = {}
+    for t in steps:
+        name = "off" if t.tokens_per_row == 1 else f"N={t.tokens_per_row}" + (" EAGLE3" if t.draft_steps else "")
+        groups.setdefault(name, []).append(t.wall_ms)
+    out = {}
+    for name, walls in sorted(groups.items()):
+        timed = sorted(w for w in walls if w == w)
+        out[name] = {"steps": len(walls), "median_wall_ms": timed[len(timed) // 2] if timed else None}
+    return out
+
+
+def payoff_delta(before: dict, after: dict) -> dict | None:
+    """The judged drafts labelled between two /server_info snapshots (online calibration):
+    their number and mean predicted and realized payoff (None without labels)."""
+    def totals(state):
+        cal = state.get("calibration") or {}
+        n = sum(b["labels"] for b in cal.values())
+        return n, sum(b["labels"] * b["predicted"] for b in cal.values()), sum(b["labels"] * b["realized"]
+                                                                               for b in cal.values())
+    (n0, p0, r0), (n1, p1, r1) = totals(before), totals(after)
+    n = n1 - n0
+    return {"labels": n, "predicted": (p1 - p0) / n, "realized": (r1 - r0) / n} if n > 0 else None
+
+
+def serve_in_turn(servers: dict, requests: list[dict], batch: int, work: str) -> dict[str, dict]:
     """Both rounds at ``batch`` on every server, a round of each in turn: per configuration
-    its rounds and tokens/s (and, for HVD, its decode steps by mode and /server_info figures)."""
+    its rounds and tokens/s (and, for HVD, its decode steps by mode and /server_info figures;
+    per round its decode steps by width and, with online calibration, the gate's payoff)."""
     before = {c: hvd_state(s) for c, s in servers.items() if c in HVD_CONFIGS}
+    seen = {c: len(timed_steps(work, c)) for c in before}
     rounds: dict[str, list] = {c: [] for c in servers}
     for r in range(ROUNDS):
         for c, server in servers.items():
+            state = hvd_state(server) if c in HVD_CONFIGS else None
             x = serve_round(server, requests, batch)
+            if c in HVD_CONFIGS:
+                steps = timed_steps(work, c, seen[c])
+                seen[c] += len(steps)
+                x["by_width"] = by_width(steps)
+                x["payoff"] = payoff_delta(state, hvd_state(server))
             rounds[c].append(x)
             log(f"    {c} batch {batch} round {r + 1}: {x['tokens']} tokens in {x['wall_s']:.1f} s "
                 f"({x['tokens_per_s']:.1f} tokens/s)")
@@ -278,13 +331,18 @@ def run(a: argparse.Namespace) -> int:
         servers = {}
         for config in a.configs:
             args, launcher = server_args(config, draft, gate, a.profile, max(a.batch))
+            if config in HVD_CONFIGS:  # each decode step's parts and wall time (by_width), a line per step
+                timings = steps_file(work, config)
+                if os.path.exists(timings):
+                    os.remove(timings)
+                args += ["--hvd-timings", timings] + (["--hvd-online-calibration"] if a.calibration else [])
             log(f"(b) {config}")
             server = servers[config] = stack.enter_context(harness.start_server(target, args, log_dir=work,
                                                                                launcher=launcher))
             log(f"    started in {server.start_seconds:.0f} s")
             results[config] = {"start_s": server.start_seconds, "log": server.log_path, "batches": {}}
         for batch in a.batch:
-            for config, res in serve_in_turn(servers, requests, batch).items():
+            for config, res in serve_in_turn(servers, requests, batch, work).items():
                 results[config]["batches"][batch] = res
 
     report = summarize(a, results, profile_report, time.time() - started)
@@ -321,6 +379,19 @@ def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -
     if hvd_rows:
         print(format_table(("config", "after batch", *HVD_FIGURES), hvd_rows,
                            title="\nHVD's /server_info (server totals after each batch)"))
+    width_rows = []
+    for c in HVD_CONFIGS:
+        for b, r in (results.get(c) or {}).get("batches", {}).items():
+            for i, x in enumerate(r["rounds"]):
+                pay = x.get("payoff")
+                width_rows.append((c, b, i + 1, ", ".join(
+                    f"{name} {v['steps']} x {v['median_wall_ms']:.1f} ms" if v["median_wall_ms"] is not None
+                    else f"{name} {v['steps']}" for name, v in x["by_width"].items()) or "-",
+                    f"{pay['predicted']:.2f} / {pay['realized']:.2f} ({pay['labels']})" if pay else "-"))
+    if width_rows:
+        print(format_table(("config", "batch", "round", "decode steps by width x median wall",
+                            "payoff predicted / realized (drafts)"), width_rows,
+                           title="\nHVD's decode steps per round (--hvd-timings; the payoff with --calibration)"))
     ratios = {}
     if "hvd_cost" in results:
         others = [c for c in results if c != "hvd_cost"]
