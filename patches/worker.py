@@ -446,7 +446,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                     "gate_threshold": self.hvd.rule.threshold,
                     "gate_eagle_reserve": self.hvd.rule.eagle_reserve,
                     "gate_cache_siblings": self.hvd.rule.cache_siblings,
-                    "verify_shape": self.hvd_shape.describe(), "modes": dict(self.hvd.stats.modes)}
+                    "verify_shape": self.hvd_shape.describe(), "modes": dict(self.hvd.stats.modes),
+                    # per mode, the tokens the cost rule expected its steps to emit and those they emitted
+                    "mode_expected_tokens": {k: round(v, 1) for k, v in self.hvd.stats.mode_expected.items()},
+                    "mode_emitted_tokens": dict(self.hvd.stats.mode_emitted)}
             step = self.hvd.step
             gate["mode_names"] = [m.name for m in step.modes] if isinstance(step, CostRule) else []
             if isinstance(step, CostRule):  # the profile and the EAGLE3 curve the decision values tiers by

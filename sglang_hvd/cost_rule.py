@@ -178,12 +178,15 @@ def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.nd
 
 
 def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
-                context_tokens: float, cap: int, control: np.ndarray | None = None) -> tuple[StepMode, np.ndarray]:
+                context_tokens: float, cap: int,
+                control: np.ndarray | None = None) -> tuple[StepMode, np.ndarray, float]:
     """The StepMode of the most expected tokens per millisecond for this batch (of equals,
-    the first in ``cost.modes``: the cheaper shape) and the rows that verify their cache draft at it.
+    the first in ``cost.modes``: the cheaper shape), the rows that verify their cache draft at
+    it, and the tokens it expects the step to emit (the stepper sets them beside the emitted).
     ``predicted``: the gate's accept_len, trained at ``cap`` nodes; ``control``: the rows'
     per-request controls (``mode_rows``), or None."""
     payoff = Payoff(predicted, lens, cap)
-    rate = expected_tokens(cost, payoff, lens, use, eagle_reserve, control) / cost.step_ms(len(lens), context_tokens)
-    best = int(np.argmax(rate))
-    return cost.modes[best], mode_rows(cost.modes[best], payoff, lens, use, eagle_reserve, cost.eagle3_tokens[best])[0]
+    expected = expected_tokens(cost, payoff, lens, use, eagle_reserve, control)
+    best = int(np.argmax(expected / cost.step_ms(len(lens), context_tokens)))
+    rows = mode_rows(cost.modes[best], payoff, lens, use, eagle_reserve, cost.eagle3_tokens[best])[0]
+    return cost.modes[best], rows, float(expected[best])

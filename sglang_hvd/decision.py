@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,7 @@ class BatchPlan:
     gate_error: Exception | None = None  # the scorer failed; every row verifies EAGLE3's tree
     tier: Tier | None = None  # the shape every row of the step is planned at (None: the caller's shape)
     eagle3: bool = True  # some row verifies EAGLE3 nodes: the step runs EAGLE3's draft forwards
+    expected_tokens: float = math.nan  # what a cost rule expected the step to emit (nan: no cost rule)
 
     def plan(self, i: int) -> RowPlan:
         return RowPlan(int(self.cache_lens[i]), int(self.eagle_nodes[i]))
@@ -99,11 +101,12 @@ class BatchPlan:
                    np.full((b, draft_nodes), -1, np.int32), np.full(b, np.nan, np.float32), tier=tier)
 
     @classmethod
-    def plain(cls, b: int, predicted: np.ndarray | None = None) -> BatchPlan:
+    def plain(cls, b: int, predicted: np.ndarray | None = None, expected_tokens: float = math.nan) -> BatchPlan:
         """No speculation: every row takes a plain decode step (the ``off`` tier)."""
         empty = np.zeros((b, 0), np.int32)
         pred = np.full(b, np.nan, np.float32) if predicted is None else predicted
-        return cls(np.zeros(b, np.int32), np.zeros(b, np.int32), empty, empty.copy(), pred, tier=Tier(), eagle3=False)
+        return cls(np.zeros(b, np.int32), np.zeros(b, np.int32), empty, empty.copy(), pred, tier=Tier(), eagle3=False,
+                   expected_tokens=expected_tokens)
 
 
 def described(chain_len, siblings, draft_nodes: int):
@@ -231,15 +234,16 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
             use = judged & ((pred if payoff is None else payoff) > threshold)
     if any(lens_list):
         type(states[0]).record_rows(states, drafts.tokens, lens)
+    expected = math.nan
     if error is not None or step is None:
         mode = _at_shape(shape)
     elif isinstance(step, CostRule):
-        mode, use = choose_mode(step, predicted.astype(np.float64), lens, use, int(reserve), context_tokens,
-                                shape.draft_nodes, control)
+        mode, use, expected = choose_mode(step, predicted.astype(np.float64), lens, use, int(reserve),
+                                          context_tokens, shape.draft_nodes, control)
     else:
         mode = step
     if mode.tier.shape is None:
-        return BatchPlan.plain(b, predicted)
+        return BatchPlan.plain(b, predicted, expected)
     at = mode.tier.shape
     if not mode.eagle3:
         use, reserve = judged, 0
@@ -273,4 +277,5 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
             tokens[room], parents[room] = described_trees.tokens[room, :n], described_trees.parents[room, :n]
     if controlled:
         eagle[(control == OFF) | (control == CACHE)] = 0
-    return BatchPlan(cache, eagle, tokens, parents, predicted, error, tier=mode.tier, eagle3=bool(eagle.any()))
+    return BatchPlan(cache, eagle, tokens, parents, predicted, error, tier=mode.tier, eagle3=bool(eagle.any()),
+                     expected_tokens=expected)

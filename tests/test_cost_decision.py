@@ -41,7 +41,7 @@ def test_expensive_verify_and_low_payoffs_pick_no_speculation():
     # in 8 ms, and the cache drafts are predicted to accept 0.3 tokens each
     rule = cost_rule(verify=(0.0, 1.0, 1.0, 0.0))
     plan = decide(ListGate([0.3, 0.3]), drafts([5, 6, 7], [8, 9, 10]), states(2), SHAPE, DecisionRule(), step=rule)
-    assert plan.tier == Tier() and plan.eagle3 is False
+    assert plan.tier == Tier() and plan.eagle3 is False and plan.expected_tokens == 2.0  # the bonus tokens
     assert plan.cache_lens.tolist() == [0, 0] and plan.eagle_nodes.tolist() == [0, 0]
     assert plan.cache_tokens.shape == (2, 0) and plan.predicted.tolist() == pytest.approx([0.3, 0.3])
 
@@ -51,11 +51,13 @@ def test_cheap_wide_verify_and_high_payoffs_pick_the_widest_tier_without_eagle3(
     # 4-3-16 without EAGLE3 emits 2 + 2 * 15 tokens in 1 ms
     rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), eagle3=(1.0, 0.0, 0.0, 0.0))
     long = list(range(20, 35))
-    mode, rows = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), np.array([True, True]), 0, 0.0, 15)
+    mode, rows, expected = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), np.array([True, True]), 0,
+                                       0.0, 15)
     assert mode == StepMode(Tier.parse("4-3-16"), eagle3=False) and mode.name == "4-3-16/cache"
-    assert rows.tolist() == [True, True]
+    assert rows.tolist() == [True, True] and expected == pytest.approx(2 + 2 * 15)
     plan = decide(ListGate([15.0, 15.0]), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule)
     assert plan.tier == Tier.parse("4-3-16") and plan.eagle3 is False
+    assert plan.expected_tokens == pytest.approx(32.0)  # what the step is expected to emit, beside what it does
     assert [plan.plan(i) for i in range(2)] == [RowPlan(15, 0), RowPlan(15, 0)]
 
 
@@ -118,7 +120,8 @@ def test_mode_rows_price_the_rows_per_request_controls():
     # a whole batch asking off takes the off tier, whatever its drafts promise (every mode emits 2 tokens)
     rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), eagle3=(1.0, 0.0, 0.0, 0.0))
     off = np.array([OFF, OFF], dtype=np.int8)
-    mode, _ = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), np.array([True, True]), 0, 0.0, 15, off)
+    mode, _, _ = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), np.array([True, True]), 0, 0.0, 15,
+                             off)
     assert mode == StepMode(Tier(), eagle3=False)
     long = list(range(20, 35))
     plan = decide(ListGate([15.0, 15.0]), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule, control=off)
@@ -145,7 +148,7 @@ def test_a_tier_drafting_its_width_in_fewer_steps_values_eagle3_at_its_depth():
     # a 3 ms verify, and one draft forward against two (1 ms each): 4-2-16 wins, 1.95 tokens in 4 ms against 2.1
     # in 5 (and 1 in 3 without EAGLE3's draft)
     rule = cost_rule(verify=(3.0, 0.0, 0.0, 0.0), eagle3=(0.0, 1.0, 0.0, 0.0), tiers="off,4-2-16,4-3-16")
-    mode, _ = choose_mode(rule, np.array([np.nan]), lens, np.array([False]), 0, 0.0, 15)
+    mode, _, _ = choose_mode(rule, np.array([np.nan]), lens, np.array([False]), 0, 0.0, 15)
     assert mode.name == "4-2-16"
     # replay draws an EAGLE3 row of a 4-2-16 step at the same 7 nodes
     model = VerifyModel(SHAPE)

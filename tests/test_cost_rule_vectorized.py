@@ -33,10 +33,11 @@ def test_all_modes_at_once_equal_each_mode_alone(batch, reserve, context, contro
     one_by_one = [mode_rows(m, payoff, lens, use, reserve, COST.eagle3_tokens[i], control)[1]
                   for i, m in enumerate(COST.modes)]
     np.testing.assert_allclose(every, one_by_one, rtol=1e-12)
-    mode, chosen_rows = choose_mode(COST, pred, lens, use, reserve, context, 15, control)
+    mode, chosen_rows, expected = choose_mode(COST, pred, lens, use, reserve, context, 15, control)
     rate = [t / COST.profile.step_ms(m.tier, len(lens), context, m.eagle3) for m, t in zip(COST.modes, one_by_one)]
     assert mode == COST.modes[int(np.argmax(rate))]
     at = COST.modes.index(mode)
+    np.testing.assert_allclose(expected, one_by_one[at], rtol=1e-12)
     np.testing.assert_array_equal(chosen_rows, mode_rows(mode, payoff, lens, use, reserve, COST.eagle3_tokens[at])[0])
 
 

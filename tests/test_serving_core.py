@@ -406,6 +406,26 @@ def test_cost_aware_serving_settings_are_checked_before_serving(demo_dir, demo_g
                                                "4-2-8", "4-2-16/cache", "4-2-16", "4-3-16"]
 
 
+
+def test_a_cost_aware_stepper_counts_what_each_mode_expected_and_emitted(demo_dir, demo_gate):
+    from sglang_hvd.serving.factory import build_stepper
+
+    records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))[:30]
+    cfg = HVDServingConfig(enable=True, gate=os.path.join(demo_dir, "gate"), profile="qwen3-8b-h200",
+                           drafter="python")
+    stepper = build_stepper(cfg, demo_gate.verify_model.shape)
+    emitted = serve(records, stepper, demo_gate.verify_model, concurrency=8)
+    for r in records:
+        assert emitted[r.req_id] == r.output_ids.tolist()
+    st, s = stepper.stats, stepper.summary()
+    # every step was a cost rule's pick: each mode run has its expected tokens, none other
+    assert set(st.mode_expected) == set(st.modes) == set(st.mode_emitted) and len(st.modes) >= 2
+    # a row emits its accepted tokens and the bonus: the modes' tokens add up to the stepper's counts
+    assert sum(st.mode_emitted.values()) == s["rows"] + s["cache_accepted"] + s["eagle3_accepted"]
+    # a step of rows emits, and expects, at least one token
+    for mode, steps in st.modes.items():
+        assert st.mode_emitted[mode] >= steps and st.mode_expected[mode] >= steps, mode
+
 def test_a_stepper_cycling_through_every_tier_serves_losslessly_and_records_no_plain_steps(demo_dir, demo_gate,
                                                                                            tmp_path):
     from sglang_hvd.serving.factory import build_stepper

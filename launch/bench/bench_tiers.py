@@ -288,6 +288,12 @@ def serve_in_turn(servers: dict, requests: list[dict], batch: int, work: str) ->
         if c in HVD_CONFIGS:
             after = hvd_state(server)
             res["modes"] = mode_delta(before[c], after)
+            # per mode: tokens a step expected (the cost rule) and emitted, over this batch's steps
+            expected, emitted = (mode_delta({"modes": before[c].get(k)}, {"modes": after.get(k)})
+                                 for k in ("mode_expected_tokens", "mode_emitted_tokens"))
+            res["mode_tokens"] = {m: {"steps": n, "expected_per_step": expected.get(m, 0) / n,
+                                      "emitted_per_step": emitted.get(m, 0) / n}
+                                  for m, n in res["modes"].items() if m in expected}
             res["hvd"] = {k: v for k, v in after.items() if k.startswith("profile") or k in HVD_FIGURES}
         out[c] = res
     return out
@@ -388,6 +394,12 @@ def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -
                     f"{name} {v['steps']} x {v['median_wall_ms']:.1f} ms" if v["median_wall_ms"] is not None
                     else f"{name} {v['steps']}" for name, v in x["by_width"].items()) or "-",
                     f"{pay['predicted']:.2f} / {pay['realized']:.2f} ({pay['labels']})" if pay else "-"))
+    token_rows = [(c, b, m, v["steps"], f'{v["expected_per_step"]:.1f}', f'{v["emitted_per_step"]:.1f}')
+                  for c in HVD_CONFIGS for b, r in (results.get(c) or {}).get("batches", {}).items()
+                  for m, v in (r.get("mode_tokens") or {}).items()]
+    if token_rows:
+        print(format_table(("config", "batch", "mode", "steps", "expected tokens/step", "emitted tokens/step"),
+                           token_rows, title="\nThe cost rule's picks: tokens a step expected, and emitted"))
     if width_rows:
         print(format_table(("config", "batch", "round", "decode steps by width x median wall",
                             "payoff predicted / realized (drafts)"), width_rows,

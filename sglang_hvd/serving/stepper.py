@@ -42,10 +42,11 @@ class _Step:
     """A plan's decisions as its rows' verifies read them: the BatchPlan, and its per-row
     counts as lists (made once per step, not once per row)."""
 
-    __slots__ = ("plans", "cache_lens", "eagle_nodes", "eagle3_cap")
+    __slots__ = ("plans", "cache_lens", "eagle_nodes", "eagle3_cap", "mode")
 
-    def __init__(self, plans: BatchPlan, eagle3_cap: int):
+    def __init__(self, plans: BatchPlan, eagle3_cap: int, mode: str | None = None):
         self.plans = plans
+        self.mode = mode  # the StepMode name the step ran (StepStats.modes), None without a tier
         self.cache_lens: list[int] = plans.cache_lens.tolist()
         self.eagle_nodes: list[int] = plans.eagle_nodes.tolist()
         self.eagle3_cap = eagle3_cap  # the EAGLE3 nodes the step's depth is valued at (tiers.eagle3_cap)
@@ -97,6 +98,10 @@ class StepStats:
     gate_errors: int = 0
     cpu_us_total: float = 0.0
     modes: dict[str, int] = dataclasses.field(default_factory=dict)  # steps per StepMode name (a cost rule's picks)
+    # per StepMode name: the tokens the cost rule expected its steps to emit, and those its rows emitted (accepted
+    # + 1 each, counted as each row's tokens arrive): where the two part, the payoff or the yield is misjudged
+    mode_expected: dict[str, float] = dataclasses.field(default_factory=dict)
+    mode_emitted: dict[str, int] = dataclasses.field(default_factory=dict)
     modelled_ms: float = 0.0  # the steps' time under a cost rule's profile (0 without one)
 
 
@@ -260,9 +265,12 @@ class HVDStepper:
                        step=step, context_tokens=context, calibration=calibrated, control=control)
         if calibrated is not None:
             self._queue_labels(states, arrays, plans.predicted, asked[0] if asked else None)
+        name = None
         if plans.tier is not None:
             name = StepMode(plans.tier, plans.eagle3).name  # what the step ran
             self.stats.modes[name] = self.stats.modes.get(name, 0) + 1
+            if plans.expected_tokens == plans.expected_tokens:  # a cost rule's pick
+                self.stats.mode_expected[name] = self.stats.mode_expected.get(name, 0.0) + plans.expected_tokens
             if self.time_profile is not None:  # the step's time under the profile given (as fleet replay's)
                 self.stats.modelled_ms += self.time_profile.step_ms(plans.tier, len(rids), context,
                                                                     eagle3=plans.eagle3, host=self.host,
@@ -274,7 +282,8 @@ class HVDStepper:
                 log.error("HVD gate failed at run time (%s: %s); this step and any like it use EAGLE3 drafts. "
                           "Further gate errors are counted, not logged.", e.__class__.__name__, e)
                 self._gate_error_logged = True
-        step = _Step(plans, eagle3_cap(plans.tier, self.shape))
+        step = _Step(plans, eagle3_cap(plans.tier, self.shape),
+                     name if plans.expected_tokens == plans.expected_tokens else None)
         for i, s in enumerate(states):
             s.pending = _Verify(len(s.output), step, i)
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
@@ -355,6 +364,8 @@ class HVDStepper:
         st.pending = None
         stats, own = self.stats, st.counts
         stats.rows += 1
+        if v.step.mode is not None:
+            stats.mode_emitted[v.step.mode] = stats.mode_emitted.get(v.step.mode, 0) + a + 1
         own["rows"] += 1
         record = self.recorder is not None
         cache = v.step.cache_lens[v.row]

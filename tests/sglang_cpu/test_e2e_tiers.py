@@ -126,6 +126,9 @@ def test_a_profile_where_verifying_costs_more_than_it_yields_picks_no_speculatio
     # the server timed its steps: what no profile term times (SGLang's scheduler around the forwards) is there,
     # and a small part of the wall
     assert hvd["profile_untimed_ms"] > 0 and 0 < hvd["profile_untimed_share"] < 0.5, hvd
+    # every step expected its rows' bonus tokens, and emitted them (one a row)
+    assert hvd["mode_expected_tokens"] == {"off": float(hvd["rows"])} and hvd["mode_emitted_tokens"] == {
+        "off": hvd["rows"]}, hvd
     metas = [r["meta_info"] for r in runs["cost_off"]["rounds"][1]]
     # one token per decode step: no draft token was accepted
     assert sum(m["completion_tokens"] - 1 for m in metas) == sum(m["spec_verify_ct"] for m in metas)
