@@ -51,6 +51,11 @@ def test_eval_by_concurrency_writes_every_policy_timed(demo_dir, tmp_path, capsy
         assert policies["greedy"]["modes"] == {"off": 1.0}
         assert policies["eagle3@4-3-16"]["modes"] == {"4-3-16": 1.0}
         assert policies["cache_only@1-3-4"]["modes"] == {"1-3-4/cache": 1.0}  # no EAGLE3 draft
+        # the cost-aware policy's picks carry what each mode's steps were expected to emit, and emitted; no other's
+        tokens = policies["hvd"]["mode_tokens"]
+        assert set(tokens) == set(policies["hvd"]["modes"])
+        assert all(v["expected_per_step"] >= 1 and v["emitted_per_step"] >= 1 for v in tokens.values())
+        assert all("mode_tokens" not in p for name, p in policies.items() if name != "hvd")
     # greedy one request at a time: every decode step is the H200 estimate's plain step, 0.4 + 4.1 ms, plus
     # 147,456 bytes of KV a context token at 4 TB/s; a request's first token is its (untimed) prefill
     ms = sum(4.5 + (len(r["prompt_ids"]) + pos) * 147_456 / 4e12 * 1e3

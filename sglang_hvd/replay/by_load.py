@@ -109,6 +109,8 @@ class LoadRun:
     result: FleetResult
     modes: dict[str, int]  # steps per tier (and /cache: no EAGLE3 draft) the policy ran
     seconds: float
+    # a cost rule's picks, per mode: (tokens its steps were expected to emit, tokens they emitted), all steps together
+    mode_tokens: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict)
 
 
 def run_by_load(conversations: Sequence[Sequence[TraceRecord]], names: Sequence[str], concurrencies: Sequence[int],
@@ -119,8 +121,11 @@ def run_by_load(conversations: Sequence[Sequence[TraceRecord]], names: Sequence[
             started = time.perf_counter()
             planner = make_planner(name, s)
             result = serve_fleet(conversations, planner, s.model, c, policy=name, profile=s.profile)
-            modes = planner.stats.modes if isinstance(planner, HVDStepper) else planner.modes
-            run = LoadRun(name, c, result, dict(modes), time.perf_counter() - started)
+            stepper = planner if isinstance(planner, HVDStepper) else None
+            modes = planner.modes if stepper is None else stepper.stats.modes
+            tokens = {} if stepper is None else {m: (e, stepper.stats.mode_emitted.get(m, 0))
+                                                 for m, e in stepper.stats.mode_expected.items()}
+            run = LoadRun(name, c, result, dict(modes), time.perf_counter() - started, tokens)
             runs.append(run)
             if on_run is not None:
                 on_run(run)
@@ -135,6 +140,9 @@ def by_concurrency_json(runs: Sequence[LoadRun]) -> dict:
         figures = run.result.overall.policy(run.policy).to_json()
         steps = sum(run.modes.values())
         figures["modes"] = {m: n / steps for m, n in sorted(run.modes.items())} if steps else {}
+        if run.mode_tokens:  # what the cost rule expected each mode's steps to emit, and what they did
+            figures["mode_tokens"] = {m: {"expected_per_step": e / run.modes[m], "emitted_per_step": o / run.modes[m]}
+                                      for m, (e, o) in sorted(run.mode_tokens.items())}
         level["policies"][run.policy] = figures
         for src, tally in run.result.sources.items():
             level["sources"].setdefault(src, {"policies": {}})["policies"][run.policy] = tally.policy(
