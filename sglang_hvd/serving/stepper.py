@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Sequence
 
@@ -266,10 +267,11 @@ class HVDStepper:
         if calibrated is not None:
             self._queue_labels(states, arrays, plans.predicted, asked[0] if asked else None)
         name = None
+        picked = math.isfinite(plans.expected_tokens)  # a cost rule's pick
         if plans.tier is not None:
             name = StepMode(plans.tier, plans.eagle3).name  # what the step ran
             self.stats.modes[name] = self.stats.modes.get(name, 0) + 1
-            if plans.expected_tokens == plans.expected_tokens:  # a cost rule's pick
+            if picked:
                 self.stats.mode_expected[name] = self.stats.mode_expected.get(name, 0.0) + plans.expected_tokens
             if self.time_profile is not None:  # the step's time under the profile given (as fleet replay's)
                 self.stats.modelled_ms += self.time_profile.step_ms(plans.tier, len(rids), context,
@@ -282,8 +284,7 @@ class HVDStepper:
                 log.error("HVD gate failed at run time (%s: %s); this step and any like it use EAGLE3 drafts. "
                           "Further gate errors are counted, not logged.", e.__class__.__name__, e)
                 self._gate_error_logged = True
-        step = _Step(plans, eagle3_cap(plans.tier, self.shape),
-                     name if plans.expected_tokens == plans.expected_tokens else None)
+        step = _Step(plans, eagle3_cap(plans.tier, self.shape), name if picked else None)
         for i, s in enumerate(states):
             s.pending = _Verify(len(s.output), step, i)
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
