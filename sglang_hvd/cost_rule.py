@@ -108,11 +108,27 @@ class CostRule:
                          for m in self.modes])
 
 
-def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
-              eagle3_tokens: np.ndarray, control: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-    """The rows that verify their cache draft at ``mode``, and the tokens the step is
-    expected to emit. A cache row of L nodes yields 1 + its expected accepted length at
-    L (payoff.py), plus, beside M EAGLE3 nodes, P(its first token misses) x (the curve's
+def _split(payoff: Payoff, lens: np.ndarray, n: int, eagle_reserve: int,
+           eagle3_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A tree row's best cache branch at ``n`` nodes: of c = 1 .. its share (min(L, n -
+    reserve)) cache nodes, the c of the most tokens beyond the bonus,
+      value(c) = E_c(p) + (1 - p) x (eagle3_tokens[n - c] - 1)
+    (the smallest of equals). Returns each row's best value (0 without a draft), its c and
+    its share."""
+    share = np.where(lens > 0, np.minimum(lens, n - min(eagle_reserve, n - 1)), 0)
+    c = np.minimum(share[None, :], np.arange(1, n + 1)[:, None])  # [n, B]
+    value = payoff.accepted(c) + (1.0 - payoff.first_hit) * (eagle3_tokens[n - c] - 1.0)
+    best = value.argmax(axis=0)
+    rows = np.arange(len(lens))
+    return np.where(lens > 0, value[best, rows], 0.0), c[best, rows], share
+
+
+def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, eagle_reserve: int, eagle3_tokens: np.ndarray,
+              control: np.ndarray | None = None) -> tuple[np.ndarray, float, int | np.ndarray]:
+    """The rows that verify their cache draft at ``mode``, the tokens the step is expected
+    to emit, and the EAGLE3 reserve the rows are planned with (``eagle_reserve``, or one
+    per row). A cache row of L nodes yields 1 + its expected accepted length at L
+    (payoff.py), plus, beside M EAGLE3 nodes, P(its first token misses) x (the curve's
     tokens at M - 1); an EAGLE3 row the curve's tokens at its nodes (``eagle3_tokens``:
     the curve by nodes at this mode's tier, a row of ``CostRule.eagle3_tokens``); a plain
     row 1. Which rows take their cache draft:
@@ -120,19 +136,25 @@ def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray,
       no EAGLE3 draft       every drafted row (a row slot is paid for anyway)
       a topk-1 tier         a row whose cache chain is expected to beat EAGLE3's
                             (the row holds one or the other)
-      a tree tier (topk>1)  ``use``, the gate's calibrated threshold (its rows keep
-                            EAGLE3 nodes beside the cache branch)
+      a tree tier (topk>1)  a row whose cache branch beside EAGLE3's nodes is expected
+                            to beat EAGLE3's whole tree (the gate's threshold is not
+                            asked: the rule weighs its own prices). The branch takes the
+                            number of nodes c of the most value (``_split``): where
+                            that cuts the draft short of its share, the row's reserve
+                            is N - c (its other nodes EAGLE3's, no row tree); else the
+                            rule's ``eagle_reserve`` (a row tree may grow in its share)
 
     The rows' cache and EAGLE3 nodes are those ``plan_rows`` gives (before row trees).
     ``control``: [B] the rows' per-request controls (request_control.py), priced as decide
     plans them: an ``off`` row yields 1 at any mode, a ``cache`` row its whole cache draft
     at any speculating mode, an ``eagle3`` row EAGLE3's tokens at a mode with EAGLE3's draft
-    and 1 without. The rows returned are the gate's (decide applies the controls to them).
+    and 1 without. The rows returned are the rule's (decide applies the controls to them).
     """
     b = len(lens)
     kind = mode.kind
+    reserve = eagle_reserve
     if kind == PLAIN:
-        return np.zeros(b, dtype=bool), float(b)
+        return np.zeros(b, dtype=bool), float(b), reserve
     n = min(mode.tier.draft_nodes, MAX_TREE_NODES)
     chain = payoff.accepted(np.minimum(lens, n))
     gain = eagle3_tokens[n] - 1.0  # an EAGLE3 row's tokens beyond the bonus
@@ -142,18 +164,18 @@ def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, use: np.ndarray,
         rows = (lens > 0) & (chain > gain)
         per_row = np.where(rows, chain, gain)
     else:
-        rows = use
-        cache = np.where(rows, np.minimum(lens, n - min(eagle_reserve, n - 1)), 0)
-        beside = np.where(rows, eagle3_tokens[n - cache] - 1.0, 0.0)
-        per_row = np.where(rows, payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain)
+        value, c, share = _split(payoff, lens, n, eagle_reserve, eagle3_tokens)
+        rows = (lens > 0) & (value > gain)
+        per_row = np.where(rows, value, gain)
+        reserve = np.where(rows & (c < share), n - c, eagle_reserve).astype(np.int32)
     if any_control(control):
         per_row = np.select([control == OFF, control == CACHE, control == EAGLE3],
                             [0.0, chain, 0.0 if kind == CACHE_ONLY else gain], per_row)
-    return rows, float(b + per_row.sum())
+    return rows, float(b + per_row.sum()), reserve
 
 
-def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.ndarray,
-                    eagle_reserve: int, control: np.ndarray | None = None) -> np.ndarray:
+def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, eagle_reserve: int,
+                    control: np.ndarray | None = None) -> np.ndarray:
     """[modes] the tokens each mode's step is expected to emit: ``mode_rows``'s totals, all
     modes at once ([modes, B] arrays, a dozen numpy calls whatever the number of tiers)."""
     b = len(lens)
@@ -163,12 +185,13 @@ def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.nd
     chain = payoff.accepted(np.minimum(lens[None, :], n))  # [modes, B]
     drafted = lens[None, :] > 0
     reserve = np.minimum(eagle_reserve, np.maximum(n - 1, 0))
-    cache = np.where(use[None, :], np.minimum(lens[None, :], n - reserve), 0)
-    beside = np.where(use[None, :], cost.eagle3_tokens[mode, n - cache] - 1.0, 0.0)
+    share = np.where(drafted, np.minimum(lens[None, :], n - reserve), 0)  # [modes, B]
+    c = np.minimum(share[None], np.arange(1, max(int(cost.nodes.max()), 1) + 1)[:, None, None])  # [C, modes, B]
+    branch = payoff.accepted(c) + (1.0 - payoff.first_hit) * (cost.eagle3_tokens[mode[None], n[None] - c] - 1.0)
     per_row = np.select(
         [cost.kinds[:, None] == PLAIN, cost.kinds[:, None] == CACHE_ONLY, cost.kinds[:, None] == CHAIN],
         [np.zeros_like(chain), chain, np.where(drafted, np.maximum(chain, gain), gain)],
-        np.where(use[None, :], payoff.accepted(cache) + (1.0 - payoff.first_hit) * beside, gain))
+        np.where(drafted, np.maximum(branch.max(axis=0), gain), gain))
     if any_control(control):
         kinds = cost.kinds[:, None]
         per_row = np.select([control[None, :] == OFF, control[None, :] == CACHE, control[None, :] == EAGLE3],
@@ -177,16 +200,16 @@ def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, use: np.nd
     return b + per_row.sum(axis=1)
 
 
-def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, use: np.ndarray, eagle_reserve: int,
+def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, eagle_reserve: int,
                 context_tokens: float, cap: int,
-                control: np.ndarray | None = None) -> tuple[StepMode, np.ndarray, float]:
+                control: np.ndarray | None = None) -> tuple[StepMode, np.ndarray, float, int | np.ndarray]:
     """The StepMode of the most expected tokens per millisecond for this batch (of equals,
     the first in ``cost.modes``: the cheaper shape), the rows that verify their cache draft at
-    it, and the tokens it expects the step to emit (the stepper sets them beside the emitted).
-    ``predicted``: the gate's accept_len, trained at ``cap`` nodes; ``control``: the rows'
-    per-request controls (``mode_rows``), or None."""
+    it and their EAGLE3 reserve (``mode_rows``), and the tokens it expects the step to emit
+    (the stepper sets them beside the emitted). ``predicted``: the gate's accept_len, trained
+    at ``cap`` nodes; ``control``: the rows' per-request controls (``mode_rows``), or None."""
     payoff = Payoff(predicted, lens, cap)
-    expected = expected_tokens(cost, payoff, lens, use, eagle_reserve, control)
+    expected = expected_tokens(cost, payoff, lens, eagle_reserve, control)
     best = int(np.argmax(expected / cost.step_ms(len(lens), context_tokens)))
-    rows = mode_rows(cost.modes[best], payoff, lens, use, eagle_reserve, cost.eagle3_tokens[best])[0]
-    return cost.modes[best], rows, float(expected[best])
+    rows, _, reserve = mode_rows(cost.modes[best], payoff, lens, eagle_reserve, cost.eagle3_tokens[best])
+    return cost.modes[best], rows, float(expected[best]), reserve

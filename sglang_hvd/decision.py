@@ -186,10 +186,12 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     and ``context_tokens`` (the batch's context, all rows together). Row trees grow cache
     rows at tree tiers (topk > 1) of at most ``shape``'s nodes. ``calibration``: the
     online map of predicted to realized payoff (calibration.py) and each row's bucket;
-    the threshold then reads the calibrated payoff, and a cost rule prices the rows it
-    marks by the scorer's own value (payoff.py's model of how a prediction's tokens
-    spread over widths was fitted to it; a calibrated mean raised on bimodal outcomes
-    overstates the first token's hit rate: replay lost 4.3% tokens/s pricing by it).
+    the threshold then reads the calibrated payoff. A cost rule neither asks the threshold
+    nor the calibration: it picks its cache rows, and their EAGLE3 reserve, by its own
+    prices (cost_rule.mode_rows), from the scorer's own value (payoff.py's model of how a
+    prediction's tokens spread over widths was fitted to it; a calibrated mean raised on
+    bimodal outcomes overstates the first token's hit rate: replay lost 4.3% tokens/s
+    pricing by it).
     BatchPlan.predicted stays the scorer's own value, what the calibration learns from.
     ``control``: [B] each row's per-request control (request_control.py: auto, off,
     cache, eagle3), honoured after the step's mode is chosen: an ``off`` row verifies no
@@ -238,8 +240,8 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     if error is not None or step is None:
         mode = _at_shape(shape)
     elif isinstance(step, CostRule):
-        mode, use, expected = choose_mode(step, predicted.astype(np.float64), lens, use, int(reserve),
-                                          context_tokens, shape.draft_nodes, control)
+        mode, use, expected, reserve = choose_mode(step, predicted.astype(np.float64), lens, int(reserve),
+                                                   context_tokens, shape.draft_nodes, control)
     else:
         mode = step
     if mode.tier.shape is None:

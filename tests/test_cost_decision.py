@@ -51,8 +51,7 @@ def test_cheap_wide_verify_and_high_payoffs_pick_the_widest_tier_without_eagle3(
     # 4-3-16 without EAGLE3 emits 2 + 2 * 15 tokens in 1 ms
     rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), eagle3=(1.0, 0.0, 0.0, 0.0))
     long = list(range(20, 35))
-    mode, rows, expected = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), np.array([True, True]), 0,
-                                       0.0, 15)
+    mode, rows, expected, _ = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), 0, 0.0, 15)
     assert mode == StepMode(Tier.parse("4-3-16"), eagle3=False) and mode.name == "4-3-16/cache"
     assert rows.tolist() == [True, True] and expected == pytest.approx(2 + 2 * 15)
     plan = decide(ListGate([15.0, 15.0]), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule)
@@ -78,12 +77,11 @@ def test_mode_rows_by_hand_for_each_kind_of_mode():
     # row 0: 3 tokens predicted whole (p = 1); row 1: no draft; row 2: 1 token predicted 0.5 (p = 0.5)
     lens = np.array([3, 0, 1])
     payoff = Payoff(np.array([3.0, np.nan, 0.5]), lens, 15)
-    use = np.array([True, False, True])  # the gate's threshold
     rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0))
     chain, tree = Tier.parse("1-3-4"), Tier.parse("4-3-16")
 
     def run(mode):  # the rule's curve by nodes at the mode's tier: the default curve here (no tier is shallower)
-        rows, tokens = mode_rows(mode, payoff, lens, use, 3, rule.eagle3_tokens[rule.modes.index(mode)])
+        rows, tokens, _ = mode_rows(mode, payoff, lens, 3, rule.eagle3_tokens[rule.modes.index(mode)])
         return rows.tolist(), tokens
 
     assert run(StepMode(Tier(), eagle3=False)) == ([False, False, False], 3.0)  # a bonus token a row
@@ -93,23 +91,43 @@ def test_mode_rows_by_hand_for_each_kind_of_mode():
     # topk 1: a row holds its cache chain or EAGLE3's (0.75 tokens past the bonus at 3 nodes);
     # row 2's 0.5 loses to it: 3 + 3 + 0.75 + 0.75
     assert run(StepMode(chain)) == ([True, False, False], pytest.approx(7.5))
-    # a tree tier follows the gate; reserve 3 leaves 12 cache nodes: row 0 takes its 3 (p = 1: EAGLE3's 12 beside
-    # it never count), row 1 EAGLE3's 15 nodes (2.1 - 1), row 2 its 1 token (0.5) and, when that misses (0.5),
-    # EAGLE3's 14 nodes beside it (2.08125 - 1): 3 + 3 + 1.1 + 0.5 + 0.5 * 1.08125
-    assert run(StepMode(tree)) == ([True, False, True], pytest.approx(8.140625))
+    # a tree tier weighs each drafted row's cache branch against EAGLE3's whole tree, whatever the gate's threshold
+    # said; reserve 3 leaves 12 cache nodes: row 0 takes its 3 (p = 1: EAGLE3's 12 beside it never count), row 1
+    # EAGLE3's 15 nodes (2.1 - 1); row 2's 1 token (0.5) and, when that misses (0.5), EAGLE3's 14 nodes beside it
+    # (2.08125 - 1) make 1.040625, less than EAGLE3's 15 alone (1.1): 3 + 3 + 1.1 + 1.1
+    assert run(StepMode(tree)) == ([True, False, False], pytest.approx(8.2))
+
+
+def test_a_tree_row_gives_eagle3_the_nodes_its_cache_draft_would_waste():
+    # one 15-token draft whose tokens are each accepted with p = 0.5 (predicted E_15(0.5)), at 4-3-16 (15 nodes):
+    # the whole draft is worth 1 - 0.5^15 (~1.0) tokens beyond the bonus, less than EAGLE3's tree alone (1.1), but
+    # its first c tokens beside EAGLE3's 15 - c nodes are worth (1 - 0.5^c) + 0.5 * (curve(15 - c) - 1), the most at
+    # c = 6: 0.984375 + 0.5 * (1.9875 - 1) = 1.478125 (c = 5: 1.471875, c = 7: 1.4765625)
+    lens, pred = np.array([15]), np.array([1 - 0.5 ** 15])
+    rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), tiers="4-3-16")
+    tree = StepMode(Tier.parse("4-3-16"))
+    payoff = Payoff(pred, lens, 15)  # p = 0.5 to the payoff table's grid (1e-5)
+    rows, tokens, reserve = mode_rows(tree, payoff, lens, 0, rule.eagle3_tokens[rule.modes.index(tree)])
+    assert rows.tolist() == [True] and tokens == pytest.approx(2.478125, abs=1e-4) and reserve.tolist() == [9]
+    # the step plans the row so: 6 cache nodes (no row tree grows in them), 9 EAGLE3 nodes; the same row without the
+    # cost rule (the gate's threshold, 0.5) takes the whole draft
+    plan = decide(ListGate(pred.tolist()), drafts(list(range(20, 35))), states(1), SHAPE, DecisionRule(), step=rule)
+    assert plan.tier == Tier.parse("4-3-16") and plan.eagle3 is True and plan.plan(0) == RowPlan(6, 9)
+    assert plan.expected_tokens == pytest.approx(2.478125, abs=1e-4)
+    plain = decide(ListGate(pred.tolist()), drafts(list(range(20, 35))), states(1), SHAPE, DecisionRule(threshold=0.5))
+    assert plain.plan(0) == RowPlan(15, 0)
 
 
 def test_mode_rows_price_the_rows_per_request_controls():
     # the rows of test_mode_rows_by_hand_for_each_kind_of_mode, asking off, cache and eagle3 in turn
     lens = np.array([3, 0, 1])
     payoff = Payoff(np.array([3.0, np.nan, 0.5]), lens, 15)
-    use = np.array([True, False, True])
     rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0))
     control = np.array([OFF, CACHE, EAGLE3], dtype=np.int8)
     chain, tree = Tier.parse("1-3-4"), Tier.parse("4-3-16")
 
     def tokens(mode):
-        return mode_rows(mode, payoff, lens, use, 3, rule.eagle3_tokens[rule.modes.index(mode)], control)[1]
+        return mode_rows(mode, payoff, lens, 3, rule.eagle3_tokens[rule.modes.index(mode)], control)[1]
 
     assert tokens(StepMode(Tier(), eagle3=False)) == 3.0
     # off: 1; cache without a draft: 1; eagle3 without EAGLE3's draft: 1
@@ -120,8 +138,7 @@ def test_mode_rows_price_the_rows_per_request_controls():
     # a whole batch asking off takes the off tier, whatever its drafts promise (every mode emits 2 tokens)
     rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), eagle3=(1.0, 0.0, 0.0, 0.0))
     off = np.array([OFF, OFF], dtype=np.int8)
-    mode, _, _ = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), np.array([True, True]), 0, 0.0, 15,
-                             off)
+    mode, _, _, _ = choose_mode(rule, np.array([15.0, 15.0]), np.array([15, 15]), 0, 0.0, 15, off)
     assert mode == StepMode(Tier(), eagle3=False)
     long = list(range(20, 35))
     plan = decide(ListGate([15.0, 15.0]), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule, control=off)
@@ -142,13 +159,12 @@ def test_a_tier_drafting_its_width_in_fewer_steps_values_eagle3_at_its_depth():
     assert at["4-2-16"][5] == at["4-3-16"][5] == pytest.approx(1.85)  # under the cap: the curve (3:1.75, 7:1.95)
     # an EAGLE3 row alone: 4-2-16 yields 1 + 0.95, less than 4-3-16's 1 + 1.1 at the same width
     lens, payoff = np.array([0]), Payoff(np.array([np.nan]), np.array([0]), 15)
-    rows = lambda name: mode_rows(StepMode(Tier.parse(name)), payoff, lens, np.array([False]), 0,  # noqa: E731
-                                  at[name])[1]
+    rows = lambda name: mode_rows(StepMode(Tier.parse(name)), payoff, lens, 0, at[name])[1]  # noqa: E731
     assert (rows("4-2-16"), rows("4-3-16")) == (pytest.approx(1.95), pytest.approx(2.1))
     # a 3 ms verify, and one draft forward against two (1 ms each): 4-2-16 wins, 1.95 tokens in 4 ms against 2.1
     # in 5 (and 1 in 3 without EAGLE3's draft)
     rule = cost_rule(verify=(3.0, 0.0, 0.0, 0.0), eagle3=(0.0, 1.0, 0.0, 0.0), tiers="off,4-2-16,4-3-16")
-    mode, _, _ = choose_mode(rule, np.array([np.nan]), lens, np.array([False]), 0, 0.0, 15)
+    mode, _, _, _ = choose_mode(rule, np.array([np.nan]), lens, 0, 0.0, 15)
     assert mode.name == "4-2-16"
     # replay draws an EAGLE3 row of a 4-2-16 step at the same 7 nodes
     model = VerifyModel(SHAPE)

@@ -16,7 +16,7 @@ from sglang_hvd.verify import Eagle3Curve
 COST = CostRule(load_profile("qwen3-8b-h200"), Eagle3Curve(),
                 parse_tiers("off,1-1-2,1-3-4,4-1-2,4-1-4,4-2-8,4-3-16"))
 
-rows = st.lists(st.tuples(st.integers(0, 40), st.floats(0, 16), st.booleans(), st.sampled_from([0, 0, 1, 2, 3])),
+rows = st.lists(st.tuples(st.integers(0, 40), st.floats(0, 16), st.sampled_from([0, 0, 1, 2, 3])),
                 min_size=1, max_size=70)
 
 
@@ -25,20 +25,21 @@ rows = st.lists(st.tuples(st.integers(0, 40), st.floats(0, 16), st.booleans(), s
 def test_all_modes_at_once_equal_each_mode_alone(batch, reserve, context, controlled):
     lens = np.array([r[0] for r in batch], dtype=np.int32)
     pred = np.where(lens > 0, [r[1] for r in batch], np.nan)
-    use = np.array([r[2] for r in batch]) & (lens > 0)
     # per-request controls (request_control.py: auto, off, cache, eagle3), or none
-    control = np.array([r[3] for r in batch], dtype=np.int8) if controlled else None
+    control = np.array([r[2] for r in batch], dtype=np.int8) if controlled else None
     payoff = Payoff(pred, lens, 15)
-    every = expected_tokens(COST, payoff, lens, use, reserve, control)
-    one_by_one = [mode_rows(m, payoff, lens, use, reserve, COST.eagle3_tokens[i], control)[1]
+    every = expected_tokens(COST, payoff, lens, reserve, control)
+    one_by_one = [mode_rows(m, payoff, lens, reserve, COST.eagle3_tokens[i], control)[1]
                   for i, m in enumerate(COST.modes)]
     np.testing.assert_allclose(every, one_by_one, rtol=1e-12)
-    mode, chosen_rows, expected = choose_mode(COST, pred, lens, use, reserve, context, 15, control)
+    mode, chosen_rows, expected, chosen_reserve = choose_mode(COST, pred, lens, reserve, context, 15, control)
     rate = [t / COST.profile.step_ms(m.tier, len(lens), context, m.eagle3) for m, t in zip(COST.modes, one_by_one)]
     assert mode == COST.modes[int(np.argmax(rate))]
     at = COST.modes.index(mode)
     np.testing.assert_allclose(expected, one_by_one[at], rtol=1e-12)
-    np.testing.assert_array_equal(chosen_rows, mode_rows(mode, payoff, lens, use, reserve, COST.eagle3_tokens[at])[0])
+    rows_alone, _, reserve_alone = mode_rows(mode, payoff, lens, reserve, COST.eagle3_tokens[at])
+    np.testing.assert_array_equal(chosen_rows, rows_alone)
+    np.testing.assert_array_equal(chosen_reserve, reserve_alone)
 
 
 def test_modes_in_order_with_kinds():
