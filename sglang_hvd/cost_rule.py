@@ -76,6 +76,9 @@ class CostRule:
     eagle3_tokens: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
     kinds: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # [modes] PLAIN ... TREE
     nodes: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # [modes] draft nodes (N-1)
+    tree_modes: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # the TREE modes' indexes
+    # [tree modes, C] EAGLE3's tokens beyond the bonus beside c = 1..C cache nodes at each tree mode (0 past its nodes)
+    tree_beside: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not self.tiers:
@@ -101,6 +104,13 @@ class CostRule:
         object.__setattr__(self, "eagle3_tokens", np.array(table))
         object.__setattr__(self, "kinds", np.array([m.kind for m in modes]))
         object.__setattr__(self, "nodes", np.array([min(m.tier.draft_nodes, MAX_TREE_NODES) for m in modes]))
+        tree = np.flatnonzero(self.kinds == TREE)
+        beside = np.zeros((len(tree), int(self.nodes[tree].max()) if len(tree) else 0))
+        for i, m in enumerate(tree):
+            n = int(self.nodes[m])
+            beside[i, :n] = self.eagle3_tokens[m, n - np.arange(1, n + 1)] - 1.0
+        object.__setattr__(self, "tree_modes", tree)
+        object.__setattr__(self, "tree_beside", beside)
 
     def step_ms(self, batch: int, context_tokens: float) -> np.ndarray:
         """[modes] each mode's step time for this batch."""
@@ -116,11 +126,12 @@ def _split(payoff: Payoff, lens: np.ndarray, n: int, eagle_reserve: int,
     (the smallest of equals). Returns each row's best value (0 without a draft), its c and
     its share."""
     share = np.where(lens > 0, np.minimum(lens, n - min(eagle_reserve, n - 1)), 0)
-    c = np.minimum(share[None, :], np.arange(1, n + 1)[:, None])  # [n, B]
-    value = payoff.accepted(c) + (1.0 - payoff.first_hit) * (eagle3_tokens[n - c] - 1.0)
+    c = np.arange(1, n + 1)[:, None]  # [n, 1]
+    value = payoff.by_width(n) + (1.0 - payoff.first_hit) * (eagle3_tokens[n - c] - 1.0)  # [n, B]
+    value[c > share] = -np.inf
     best = value.argmax(axis=0)
     rows = np.arange(len(lens))
-    return np.where(lens > 0, value[best, rows], 0.0), c[best, rows], share
+    return np.where(lens > 0, value[best, rows], 0.0), best + 1, share
 
 
 def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, eagle_reserve: int, eagle3_tokens: np.ndarray,
@@ -185,13 +196,16 @@ def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, eagle_rese
     chain = payoff.accepted(np.minimum(lens[None, :], n))  # [modes, B]
     drafted = lens[None, :] > 0
     reserve = np.minimum(eagle_reserve, np.maximum(n - 1, 0))
-    share = np.where(drafted, np.minimum(lens[None, :], n - reserve), 0)  # [modes, B]
-    c = np.minimum(share[None], np.arange(1, max(int(cost.nodes.max()), 1) + 1)[:, None, None])  # [C, modes, B]
-    branch = payoff.accepted(c) + (1.0 - payoff.first_hit) * (cost.eagle3_tokens[mode[None], n[None] - c] - 1.0)
     per_row = np.select(
         [cost.kinds[:, None] == PLAIN, cost.kinds[:, None] == CACHE_ONLY, cost.kinds[:, None] == CHAIN],
-        [np.zeros_like(chain), chain, np.where(drafted, np.maximum(chain, gain), gain)],
-        np.where(drafted, np.maximum(branch.max(axis=0), gain), gain))
+        [np.zeros_like(chain), chain, np.where(drafted, np.maximum(chain, gain), gain)], gain * np.ones_like(chain))
+    tree = cost.tree_modes
+    if len(tree):  # _split at every tree mode: [tree modes, c, B], widths past a row's share masked
+        share = np.minimum(lens[None, :], n[tree] - reserve[tree])  # [tree modes, B]
+        c = np.arange(1, cost.tree_beside.shape[1] + 1)[None, :, None]
+        branch = payoff.by_width(c.shape[1])[None] + (1.0 - payoff.first_hit) * cost.tree_beside[:, :, None]
+        branch[c > share[:, None, :]] = -np.inf
+        per_row[tree] = np.where(drafted, np.maximum(branch.max(axis=1), gain[tree]), gain[tree])
     if any_control(control):
         kinds = cost.kinds[:, None]
         per_row = np.select([control[None, :] == OFF, control[None, :] == CACHE, control[None, :] == EAGLE3],

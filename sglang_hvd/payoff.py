@@ -65,3 +65,11 @@ class Payoff:
         draft's tokens are checked."""
         return self._accepted[np.minimum(widths, self._lens), self._rows]
 
+    def by_width(self, m: int) -> np.ndarray:
+        """``[m, B]``: row c - 1 holds each row's E_c(p), c = 1..m, for c up to the row's
+        draft length (past it, uncapped: a caller masks those widths)."""
+        acc = self._accepted[1:m + 1]
+        if len(acc) < m:  # the batch's longest draft is shorter than m
+            acc = np.vstack([acc, np.zeros((m - len(acc), acc.shape[1]))])
+        return acc
+
