@@ -1,7 +1,7 @@
 """Sequential against fleet replay: what concurrency costs in cache hits, and HVD's host time per step.
 
     python launch/bench/bench_fleet.py dev.jsonl.gz --gate GATE_DIR [--sources swe-agent] \
-        [--concurrency 1,8] [--cache-siblings 0,4] [--batch 1,8,32,64] [--json OUT]
+        [--concurrency 1,8] [--cache-siblings 0,4] [--batch 1,8,32,64] [--profile P] [--json OUT]
 
 Runs the gate's hvd policy over the traces by sequential replay (``simulate`` with the
 first token from the prefill: every request after the one before) and by fleet replay
@@ -14,7 +14,10 @@ critical path (sync + plan + verified + finish). A new request's prompt is index
 prefill (as the server does), off the decode steps: ``prefill``, microseconds per request
 (``start`` counts a request first seen at a decode step, none in fleet replay). Fleet
 replay at concurrency 1 plans the same rows as sequential replay. ``--cache-siblings``
-repeats the fleet runs with each value in the gate's rule.
+repeats the fleet runs with each value in the gate's rule. ``--profile P`` times cost-aware
+HVD (a cost rule over the served shape's tier ladder under profile P, as a server started
+with ``--hvd-profile P`` runs it: the tier picked per step, ``choose_mode`` on the host)
+instead of the gate's static shape.
 
 ``--batch B1,B2`` adds host time at a fixed batch: every turn of the traces is its own request
 (``hvd eval --requests turns``), B at a time, a finished one replaced at once by the next;
@@ -38,16 +41,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sglang_hvd.cost_rule import StepMode
+from sglang_hvd.cost_rule import CostRule, StepMode
 from sglang_hvd.decision import BatchPlan
 from sglang_hvd.drafter import create_drafter
+from sglang_hvd.errors import HvdInputError
 from sglang_hvd.gate import Gate
 from sglang_hvd.replay.fleet import conversations_of, serve_fleet
 from sglang_hvd.replay.policies import GatePolicy
 from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.serving.stepper import HVDStepper
-from sglang_hvd.step_profile import fit_host
-from sglang_hvd.tiers import Tier
+from sglang_hvd.step_profile import fit_host, load_profile
+from sglang_hvd.tiers import Tier, served_tiers
 from sglang_hvd.trace import iter_traces
 
 PARTS = ("start", "sync", "plan", "verified", "finish")
@@ -154,6 +158,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-sequential", action="store_true", help="skip the sequential replay")
     p.add_argument("--cache-only", action="store_true",
                    help="with --batch: also time SuffixDecoding's stepper (no gate) and fit the profile's host term")
+    p.add_argument("--profile", metavar="P",
+                   help="time cost-aware HVD: a cost rule over the served shape's tier ladder under this step-time "
+                        "profile (a shipped estimate such as qwen3-8b-h200, or a profile.json) (default: the gate's "
+                        "static shape)")
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     a = p.parse_args(argv)
     levels = [] if a.concurrency.strip() == "0" else _ints(p, "--concurrency", a.concurrency, 1)
@@ -169,7 +177,15 @@ def main(argv=None) -> int:
     if not records:
         p.error("no records (check TRACES and --sources)")
 
-    def stepper(rule, scorer=gate, step=None) -> TimedStepper:
+    cost = None
+    if a.profile is not None:
+        try:
+            profile = load_profile(a.profile)
+        except HvdInputError as e:
+            p.error(f"--profile: {e}")
+        cost = CostRule(profile, model.eagle3, served_tiers(None, model.shape), served=model.shape)
+
+    def stepper(rule, scorer=gate, step=cost) -> TimedStepper:
         return TimedStepper(HVDStepper(create_drafter("native", gate.spec.drafter), scorer, model.shape, rule=rule,
                                        step=step), CLOCKS[a.clock])
 
@@ -202,7 +218,9 @@ def main(argv=None) -> int:
             fleet = serve_fleet([[r] for r in records], timed, model, b)
             drafts_only.append((f"cache_only batch {b}", timed.per_step_us(b),
                                 fleet.overall.policy("hvd").to_json()["cycles_per_1k"]))
-    print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}")
+    decision = "static shape" if cost is None else f"cost-aware under {a.profile}, tiers " + ",".join(
+        t.name for t in cost.tiers)
+    print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}, hvd: {decision}")
     if rows:
         print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'plan us/step':>12} {'host us/step':>12}"
               f"  ({a.clock} time)")
