@@ -79,6 +79,10 @@ class CostRule:
     tree_modes: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # the TREE modes' indexes
     # [tree modes, C] EAGLE3's tokens beyond the bonus beside c = 1..C cache nodes at each tree mode (0 past its nodes)
     tree_beside: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
+    # [modes] the least a row yields beyond the bonus: an EAGLE3 row's tokens at a mode with EAGLE3's draft, else 0
+    floor: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
+    # batch -> ([modes] step ms at no context, [modes] ms per context token): step_ms is linear in the context
+    _times: dict = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not self.tiers:
@@ -111,11 +115,19 @@ class CostRule:
             beside[i, :n] = self.eagle3_tokens[m, n - np.arange(1, n + 1)] - 1.0
         object.__setattr__(self, "tree_modes", tree)
         object.__setattr__(self, "tree_beside", beside)
+        gain = self.eagle3_tokens[np.arange(len(modes)), self.nodes] - 1.0
+        object.__setattr__(self, "floor", np.where((self.kinds == CHAIN) | (self.kinds == TREE), gain, 0.0))
+        object.__setattr__(self, "_times", {})
 
     def step_ms(self, batch: int, context_tokens: float) -> np.ndarray:
-        """[modes] each mode's step time for this batch."""
-        return np.array([self.profile.step_ms(m.tier, batch, context_tokens, eagle3=m.eagle3, extend=self.extend)
-                         for m in self.modes])
+        """[modes] each mode's step time for this batch (the profile's, per batch size two
+        [modes] arrays kept: the time at no context and per context token)."""
+        times = self._times.get(batch)
+        if times is None:
+            at = [np.array([self.profile.step_ms(m.tier, batch, c, eagle3=m.eagle3, extend=self.extend)
+                            for m in self.modes]) for c in (0.0, 1.0)]
+            times = self._times[batch] = (at[0], at[1] - at[0])
+        return times[0] + times[1] * context_tokens
 
 
 def _split(payoff: Payoff, lens: np.ndarray, n: int, eagle_reserve: int,
@@ -185,33 +197,48 @@ def mode_rows(mode: StepMode, payoff: Payoff, lens: np.ndarray, eagle_reserve: i
     return rows, float(b + per_row.sum()), reserve
 
 
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class _AllModes:
+    """``mode_rows`` at every mode at once: each row's tokens beyond the bonus per mode, and
+    at each tree mode its best cache branch (``_split``'s value, c and share; value -inf
+    without a draft)."""
+
+    per_row: np.ndarray  # [modes, B]
+    chain: np.ndarray  # [modes, B] the row's cache chain at the mode's nodes (0 without a draft)
+    branch: np.ndarray  # [tree modes, B]
+    c: np.ndarray  # [tree modes, B]
+    share: np.ndarray  # [tree modes, B]
+
+
+def _all_modes(cost: CostRule, payoff: Payoff, lens: np.ndarray, eagle_reserve: int,
+               control: np.ndarray | None) -> _AllModes:
+    n = cost.nodes[:, None]  # [modes, 1] (0 at ``off``: no cache tokens)
+    chain = payoff.accepted(n)  # [modes, B] E at min(N-1, L): 0 without a draft
+    # a row's best at a mode: plain 0, cache_only its chain, a chain tier the better of its chain and EAGLE3's
+    # (EAGLE3's alone without a draft: its chain is 0), a tree tier (below) its best branch or EAGLE3's tree
+    per_row = np.maximum(chain, cost.floor[:, None])
+    tree = cost.tree_modes
+    best = c = share = np.zeros((0, len(lens)))
+    if len(tree):  # _split at every tree mode: [tree modes, c, B], widths past a row's share masked
+        reserve = np.minimum(eagle_reserve, n[tree] - 1)
+        share = np.minimum(lens[None, :], n[tree] - reserve)  # [tree modes, B] (0 without a draft: EAGLE3's tree)
+        widths = np.arange(1, cost.tree_beside.shape[1] + 1)[None, :, None]
+        branch = payoff.by_width(widths.shape[1])[None] + (1.0 - payoff.first_hit) * cost.tree_beside[:, :, None]
+        branch[widths > share[:, None, :]] = -np.inf
+        best, c = branch.max(axis=1), branch.argmax(axis=1) + 1  # [tree modes, B] (c: the smallest of equals)
+        per_row[tree] = np.maximum(best, cost.floor[tree, None])
+    if any_control(control):
+        kinds = cost.kinds[:, None]
+        per_row = np.select([control[None, :] == OFF, control[None, :] == CACHE, control[None, :] == EAGLE3],
+                            [0.0, np.where(kinds == PLAIN, 0.0, chain), cost.floor[:, None]], per_row)
+    return _AllModes(per_row, chain, best, c, share)
+
+
 def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, eagle_reserve: int,
                     control: np.ndarray | None = None) -> np.ndarray:
     """[modes] the tokens each mode's step is expected to emit: ``mode_rows``'s totals, all
     modes at once ([modes, B] arrays, a dozen numpy calls whatever the number of tiers)."""
-    b = len(lens)
-    n = cost.nodes[:, None]  # [modes, 1]
-    mode = np.arange(len(cost.modes))[:, None]
-    gain = cost.eagle3_tokens[mode, n] - 1.0
-    chain = payoff.accepted(np.minimum(lens[None, :], n))  # [modes, B]
-    drafted = lens[None, :] > 0
-    reserve = np.minimum(eagle_reserve, np.maximum(n - 1, 0))
-    per_row = np.select(
-        [cost.kinds[:, None] == PLAIN, cost.kinds[:, None] == CACHE_ONLY, cost.kinds[:, None] == CHAIN],
-        [np.zeros_like(chain), chain, np.where(drafted, np.maximum(chain, gain), gain)], gain * np.ones_like(chain))
-    tree = cost.tree_modes
-    if len(tree):  # _split at every tree mode: [tree modes, c, B], widths past a row's share masked
-        share = np.minimum(lens[None, :], n[tree] - reserve[tree])  # [tree modes, B]
-        c = np.arange(1, cost.tree_beside.shape[1] + 1)[None, :, None]
-        branch = payoff.by_width(c.shape[1])[None] + (1.0 - payoff.first_hit) * cost.tree_beside[:, :, None]
-        branch[c > share[:, None, :]] = -np.inf
-        per_row[tree] = np.where(drafted, np.maximum(branch.max(axis=1), gain[tree]), gain[tree])
-    if any_control(control):
-        kinds = cost.kinds[:, None]
-        per_row = np.select([control[None, :] == OFF, control[None, :] == CACHE, control[None, :] == EAGLE3],
-                            [0.0, np.where(kinds == PLAIN, 0.0, chain),
-                             np.where((kinds == CHAIN) | (kinds == TREE), gain, 0.0)], per_row)
-    return b + per_row.sum(axis=1)
+    return len(lens) + _all_modes(cost, payoff, lens, eagle_reserve, control).per_row.sum(axis=1)
 
 
 def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, eagle_reserve: int,
@@ -219,11 +246,25 @@ def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, eagle_r
                 control: np.ndarray | None = None) -> tuple[StepMode, np.ndarray, float, int | np.ndarray]:
     """The StepMode of the most expected tokens per millisecond for this batch (of equals,
     the first in ``cost.modes``: the cheaper shape), the rows that verify their cache draft at
-    it and their EAGLE3 reserve (``mode_rows``), and the tokens it expects the step to emit
-    (the stepper sets them beside the emitted). ``predicted``: the gate's accept_len, trained
-    at ``cap`` nodes; ``control``: the rows' per-request controls (``mode_rows``), or None."""
-    payoff = Payoff(predicted, lens, cap)
-    expected = expected_tokens(cost, payoff, lens, eagle_reserve, control)
+    it and their EAGLE3 reserve (``mode_rows``'s, from the same arrays), and the tokens it
+    expects the step to emit (the stepper sets them beside the emitted). ``predicted``: the
+    gate's accept_len, trained at ``cap`` nodes; ``control``: the rows' per-request controls
+    (``mode_rows``), or None."""
+    payoff = Payoff(predicted, lens, cap, widest=int(cost.nodes.max()))
+    every = _all_modes(cost, payoff, lens, eagle_reserve, control)
+    expected = len(lens) + every.per_row.sum(axis=1)
     best = int(np.argmax(expected / cost.step_ms(len(lens), context_tokens)))
-    rows, _, reserve = mode_rows(cost.modes[best], payoff, lens, eagle_reserve, cost.eagle3_tokens[best])
-    return cost.modes[best], rows, float(expected[best]), reserve
+    mode, kind, drafted = cost.modes[best], cost.kinds[best], lens > 0
+    reserve = eagle_reserve
+    if kind == PLAIN:
+        rows = np.zeros(len(lens), dtype=bool)
+    elif kind == CACHE_ONLY:
+        rows = drafted
+    elif kind == CHAIN:
+        rows = drafted & (every.chain[best] > cost.floor[best])
+    else:
+        t = cost.tree_modes.tolist().index(best)
+        rows = drafted & (every.branch[t] > cost.floor[best])
+        reserve = np.where(rows & (every.c[t] < every.share[t]), cost.nodes[best] - every.c[t],
+                           eagle_reserve).astype(np.int32)
+    return mode, rows, float(expected[best]), reserve

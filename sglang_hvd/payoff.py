@@ -37,39 +37,45 @@ _INVERSE = np.vstack([np.zeros(_FRACTIONS + 1)]
                      + [np.interp(_F, _E[d - 1] / d, _P) for d in range(1, MAX_TREE_NODES + 1)])
 
 
+_WIDTHS = np.arange(1, MAX_TREE_NODES + 1)[:, None]
+
+
 class Payoff:
     """The payoff model of a batch's cache drafts (one lookup per row, then any width)."""
 
-    __slots__ = ("_lens", "_rows", "_accepted", "first_hit")
+    __slots__ = ("_rows", "_accepted", "first_hit")
 
-    def __init__(self, predicted: np.ndarray, draft_lens: np.ndarray, cap: int):
+    def __init__(self, predicted: np.ndarray, draft_lens: np.ndarray, cap: int, widest: int = MAX_TREE_NODES):
         """``predicted``: the gate's accept_len per row (nan or <= 0: nothing), trained at
-        ``cap`` (its row's N-1) nodes; ``draft_lens``: the rows' cache draft lengths."""
-        pred = np.nan_to_num(np.asarray(predicted, dtype=np.float64), nan=0.0)
-        lens = np.clip(np.asarray(draft_lens, dtype=np.int64), 0, MAX_TREE_NODES)
+        ``cap`` (its row's N-1) nodes; ``draft_lens``: the rows' cache draft lengths;
+        ``widest``: the most tokens a caller checks (the table stops there)."""
+        pred = np.asarray(predicted, dtype=np.float64)
+        lens = np.minimum(np.maximum(np.asarray(draft_lens, dtype=np.int64), 0), MAX_TREE_NODES)
         d = np.minimum(lens, cap)
-        f = np.clip(pred / np.maximum(d, 1), 0.0, 1.0) * _FRACTIONS
+        # predicted / D in [0, 1] (fmax and fmin take nan as missing: nothing)
+        f = np.fmin(np.fmax(pred / np.maximum(d, 1), 0.0), 1.0) * _FRACTIONS
         j = np.minimum(f.astype(np.int64), _FRACTIONS - 1)
         w = f - j
         p = np.where(d > 0, _INVERSE[d, j] * (1 - w) + _INVERSE[d, j + 1] * w, 0.0)
         self.first_hit = p  # P(the draft's first token is accepted), per row (0: no draft)
-        width = int(lens.max()) if len(lens) else 0
-        # _accepted[m, i] = E_m(p_i) = p_i + ... + p_i^m, m = 0..width
+        width = min(widest, MAX_TREE_NODES)
+        # _accepted[m, i] = E_min(m, L_i)(p_i) = p_i + ... + p_i^min(m, L_i), m = 0..width: a row's
+        # powers past its draft are 0, so its value stays at its whole draft's
         acc = np.zeros((width + 1, len(p)))
         if width:
-            acc[1:] = np.cumsum(np.cumprod(np.broadcast_to(p, (width, len(p))), axis=0), axis=0)
-        self._lens, self._rows, self._accepted = lens, np.arange(len(p)), acc
+            powers = acc[1:]
+            powers[:] = p
+            np.cumprod(powers, axis=0, out=powers)
+            powers[_WIDTHS[:width] > lens] = 0.0
+            np.cumsum(powers, axis=0, out=powers)
+        self._rows, self._accepted = np.arange(len(p)), acc
 
     def accepted(self, widths) -> np.ndarray:
-        """Expected accepted tokens per row when ``widths`` (one, or one per row) of its
-        draft's tokens are checked."""
-        return self._accepted[np.minimum(widths, self._lens), self._rows]
+        """Expected accepted tokens per row when ``widths`` (one, one per row, or ``[k, B]``)
+        of its draft's tokens are checked (past its draft, its whole draft's; past
+        ``widest``, the value at ``widest``)."""
+        return self._accepted[np.minimum(widths, len(self._accepted) - 1), self._rows]
 
     def by_width(self, m: int) -> np.ndarray:
-        """``[m, B]``: row c - 1 holds each row's E_c(p), c = 1..m, for c up to the row's
-        draft length (past it, uncapped: a caller masks those widths)."""
-        acc = self._accepted[1:m + 1]
-        if len(acc) < m:  # the batch's longest draft is shorter than m
-            acc = np.vstack([acc, np.zeros((m - len(acc), acc.shape[1]))])
-        return acc
-
+        """``[m, B]``: row c - 1 holds each row's E_min(c, L)(p), c = 1..m (m <= ``widest``)."""
+        return self._accepted[1:m + 1]
