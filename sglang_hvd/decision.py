@@ -231,9 +231,10 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
             error = e
         else:
             predicted = np.where(judged, pred, np.nan).astype(np.float32)
-            if calibration is not None:
-                payoff = calibration.apply(np.where(judged, pred, np.nan))
-            use = judged & ((pred if payoff is None else payoff) > threshold)
+            if not isinstance(step, CostRule):  # a cost rule picks its rows by its own prices (choose_mode)
+                if calibration is not None:
+                    payoff = calibration.apply(np.where(judged, pred, np.nan))
+                use = judged & ((pred if payoff is None else payoff) > threshold)
     if any(lens_list):
         type(states[0]).record_rows(states, drafts.tokens, lens)
     expected = math.nan
