@@ -71,6 +71,9 @@ class CostRule:
     tiers: tuple[Tier, ...]
     extend: str = EXTEND_EVERY_STEP
     served: VerifyShape | None = None  # the server's shape (None: the widest tier's), for tiers.eagle3_depth_cap
+    # the scorer's values are each row's true accepted length (replay's hvd_exact reference), priced as they are
+    # (Payoff.exact), not by payoff.py's model of a prediction
+    exact: bool = False
     modes: tuple[StepMode, ...] = dataclasses.field(init=False, repr=False, compare=False)
     # [modes, 64] EAGLE3's tokens per verify by nodes 0..63 at each mode's tier (the curve, depth-capped)
     eagle3_tokens: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
@@ -250,7 +253,8 @@ def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, eagle_r
     expects the step to emit (the stepper sets them beside the emitted). ``predicted``: the
     gate's accept_len, trained at ``cap`` nodes; ``control``: the rows' per-request controls
     (``mode_rows``), or None."""
-    payoff = Payoff(predicted, lens, cap, widest=int(cost.nodes.max()))
+    widest = int(cost.nodes.max())
+    payoff = Payoff.exact(predicted, lens, widest) if cost.exact else Payoff(predicted, lens, cap, widest)
     every = _all_modes(cost, payoff, lens, eagle_reserve, control)
     expected = len(lens) + every.per_row.sum(axis=1)
     best = int(np.argmax(expected / cost.step_ms(len(lens), context_tokens)))

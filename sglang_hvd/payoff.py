@@ -70,6 +70,20 @@ class Payoff:
             np.cumsum(powers, axis=0, out=powers)
         self._rows, self._accepted = np.arange(len(p)), acc
 
+    @classmethod
+    def exact(cls, accepted: np.ndarray, draft_lens: np.ndarray, widest: int = MAX_TREE_NODES) -> Payoff:
+        """Each row's payoff when its true accepted length ``accepted`` is known (replay's
+        reference, by_load's hvd_exact): c checked tokens accept min(c, accepted), and the
+        first is accepted with probability 1 or 0."""
+        a = np.minimum(np.nan_to_num(np.asarray(accepted, dtype=np.float64), nan=0.0),
+                       np.asarray(draft_lens, dtype=np.int64))
+        self = cls.__new__(cls)
+        self.first_hit = (a >= 1).astype(np.float64)
+        width = min(widest, MAX_TREE_NODES)
+        self._accepted = np.minimum(np.arange(width + 1)[:, None], np.maximum(a, 0.0)[None, :])
+        self._rows = np.arange(len(a))
+        return self
+
     def accepted(self, widths) -> np.ndarray:
         """Expected accepted tokens per row when ``widths`` (one, one per row, or ``[k, B]``)
         of its draft's tokens are checked (past its draft, its whole draft's; past

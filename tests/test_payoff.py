@@ -62,3 +62,12 @@ def test_widths_can_differ_per_row():
     assert p.accepted(np.array([0, 0, 0])).tolist() == [0.0, 0.0, 0.0]
     empty = payoff([], [], cap=3)
     assert empty.accepted(np.zeros(0, dtype=np.int64)).tolist() == [] and empty.first_hit.tolist() == []
+
+
+def test_an_exact_payoff_accepts_what_the_chain_repeats():
+    # replay's hvd_exact: each row's true accepted length, 9 of a 4-token draft capped at 4, nan nothing
+    p = Payoff.exact(np.array([2.0, 0.0, np.nan, 9.0]), np.array([5, 3, 0, 4]), widest=15)
+    assert p.first_hit.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert p.accepted(3).tolist() == [2.0, 0.0, 0.0, 3.0]
+    assert p.accepted(np.array([1, 3, 5, 15])).tolist() == [1.0, 0.0, 0.0, 4.0]
+    assert p.by_width(2).tolist() == [[1.0, 0.0, 0.0, 1.0], [2.0, 0.0, 0.0, 2.0]]

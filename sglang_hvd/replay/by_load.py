@@ -10,6 +10,8 @@ Policy names (a static tier T written TOPK-STEPS-NODES, tiers.py):
   hvd@T            today's cost-blind HVD: the gate's decision at tier T
   hvd              cost-aware HVD: the decision picks the tier (and whether EAGLE3
                    drafts) per step from the gate's payoffs and the profile (cost_rule.CostRule)
+  hvd_exact        hvd priced by each cache chain's true accepted length (replay/exact.py):
+                   what a gate that knew it would buy; a reference, run when named
   hvd_online       hvd with online calibration (calibration.py), starting cold at the
                    first request: the payoffs it decides with are the gate's, mapped to
                    what the verifies so far realized (per source); hvd_online@T: hvd@T so
@@ -27,7 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
 
 from ..calibration import OnlineCalibration
 from ..cost_rule import CostRule, StepMode
@@ -40,12 +44,14 @@ from ..tiers import Tier
 from ..trace import TraceRecord
 from ..verify import VerifyModel
 from .adaptive import AdaptiveEagle3Planner
+from .exact import ExactStepper
 from .fleet import FixedPlanner, FleetResult, Planner, serve_fleet
 
 COST_AWARE = "hvd"
 ONLINE = "hvd_online"  # hvd with online calibration (calibration.py)
+EXACT = "hvd_exact"  # hvd priced by the true accepted lengths (replay/exact.py)
 STATIC_FAMILIES = ("hvd", ONLINE, "eagle3", "cache_only")
-UNTIERED = ("greedy", "eagle3_adaptive", COST_AWARE, ONLINE)
+UNTIERED = ("greedy", "eagle3_adaptive", COST_AWARE, ONLINE, EXACT)
 
 
 def policy_names(static_tiers: Sequence[Tier]) -> list[str]:
@@ -78,7 +84,8 @@ class LoadSettings:
     extend: str = EXTEND_EVERY_STEP  # when HVD's server pays EAGLE3's draft extend (step_profile.EXTEND_*)
 
 
-def make_planner(name: str, s: LoadSettings) -> Planner:
+def make_planner(name: str, s: LoadSettings, outputs: Mapping[str, np.ndarray] | None = None) -> Planner:
+    """The planner of policy ``name``; ``outputs``: each request's recorded output (hvd_exact reads it)."""
     family, tier = parse_policy(name)
     if family == "greedy":
         return FixedPlanner(Tier())
@@ -95,7 +102,14 @@ def make_planner(name: str, s: LoadSettings) -> Planner:
     if tier is not None:
         step = StepMode(tier)
     else:
-        step = CostRule(s.profile, s.model.eagle3, s.tiers, extend=s.extend, served=s.model.shape)
+        step = CostRule(s.profile, s.model.eagle3, s.tiers, extend=s.extend, served=s.model.shape,
+                        exact=family == EXACT)
+    if family == EXACT:
+        if outputs is None:
+            raise ValueError(f"{EXACT} reads the recorded outputs: pass them")
+        stepper = ExactStepper(drafter, outputs, s.model.shape, s.gate.rule, step)
+        stepper.extend = s.extend
+        return stepper
     calibration = OnlineCalibration(s.model.shape.draft_nodes) if family == ONLINE else None
     stepper = HVDStepper(drafter, s.gate, s.model.shape, step=step, calibration=calibration)
     stepper.extend = s.extend
@@ -116,10 +130,11 @@ class LoadRun:
 def run_by_load(conversations: Sequence[Sequence[TraceRecord]], names: Sequence[str], concurrencies: Sequence[int],
                 s: LoadSettings, on_run: Callable[[LoadRun], None] | None = None) -> list[LoadRun]:
     runs = []
+    outputs = {r.req_id: r.output_ids for turns in conversations for r in turns} if EXACT in names else None
     for c in concurrencies:
         for name in names:
             started = time.perf_counter()
-            planner = make_planner(name, s)
+            planner = make_planner(name, s, outputs)
             result = serve_fleet(conversations, planner, s.model, c, policy=name, profile=s.profile)
             stepper = planner if isinstance(planner, HVDStepper) else None
             modes = planner.modes if stepper is None else stepper.stats.modes
