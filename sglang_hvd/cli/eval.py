@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                         + ",".join(TREE_POLICIES) + " at topk > 1): any of those and hvd_online (hvd with online "
                         "calibration, cold at the first request); the oracle always runs, as the reference. With "
                         "--concurrency (default: greedy, eagle3_adaptive, eagle3@T, cache_only@T and hvd@T at each "
-                        "static tier, and hvd): any of those, hvd_online, hvd_online@T and hvd_exact (hvd priced by each cache "
-                        "chain's true accepted length: what a gate that knew it would buy, a reference)")
+                        "static tier, and hvd): any of those, hvd_online, hvd_online@T and hvd_exact (hvd priced by "
+                        "each cache chain's true accepted length: what a gate that knew it would buy, a reference)")
     p.add_argument("--threshold", type=gate_threshold, metavar="T",
                    help="override the gate's threshold on predicted accept_len")
     p.add_argument("--eagle-reserve", type=row_nodes, metavar="M",
