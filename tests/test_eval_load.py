@@ -99,7 +99,7 @@ def test_default_tiers_come_from_the_gate_s_shape():
     (["--concurrency", "1", "--policies", "hvd_online@4-3-32"], "--policies: hvd_online@4-3-32 verifies 32 tokens per "
                                                                 "row, more than the gate's topk 4, steps 3, 16 nodes"),
     (["--concurrency", "1", "--policies", "oracle"], "--policies: unknown policy 'oracle'; choose from greedy, "
-                                                     "eagle3_adaptive, hvd, hvd_online or a tiered policy"),
+                                                     "eagle3_adaptive, hvd, hvd_online, hvd_exact or a tiered policy"),
     (["--policies", ","], "argument --policies: expected policy names like hvd,hvd_online, got ','"),
 ], ids=["concurrency-0", "concurrency-nan", "bad-tier", "missing-profile", "tier-too-wide", "static-tier-too-wide",
         "profile-and-tiers-alone", "requests-alone", "unknown-policy", "tiered-policy-alone", "tree-policy-at-topk-1",
