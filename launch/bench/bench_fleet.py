@@ -165,6 +165,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     a = p.parse_args(argv)
     levels = [] if a.concurrency.strip() == "0" else _ints(p, "--concurrency", a.concurrency, 1)
+    profile = None
+    if a.profile is not None:  # refused before the gate and traces are read
+        try:
+            profile = load_profile(a.profile)
+        except HvdInputError as e:
+            p.error(f"--profile: {e}")
     batches = _ints(p, "--batch", a.batch, 1) if a.batch else []
     sources = {s.strip() for s in a.sources.split(",")} if a.sources else None
     gate = Gate(a.gate)
@@ -177,13 +183,8 @@ def main(argv=None) -> int:
     if not records:
         p.error("no records (check TRACES and --sources)")
 
-    cost = None
-    if a.profile is not None:
-        try:
-            profile = load_profile(a.profile)
-        except HvdInputError as e:
-            p.error(f"--profile: {e}")
-        cost = CostRule(profile, model.eagle3, served_tiers(None, model.shape), served=model.shape)
+    cost = None if profile is None else CostRule(profile, model.eagle3, served_tiers(None, model.shape),
+                                                 served=model.shape)
 
     def stepper(rule, scorer=gate, step=cost) -> TimedStepper:
         return TimedStepper(HVDStepper(create_drafter("native", gate.spec.drafter), scorer, model.shape, rule=rule,
