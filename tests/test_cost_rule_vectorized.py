@@ -3,6 +3,8 @@ They must agree on every batch (hypothesis draws the batches)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -55,3 +57,16 @@ def test_modes_in_order_with_kinds():
     # without EAGLE3's draft, one topk's tiers of one width are one step: the fewer steps stand for both
     same = CostRule(COST.profile, Eagle3Curve(), parse_tiers("off,4-3-16,4-2-16"))
     assert [m.name for m in same.modes] == ["off", "4-2-16/cache", "4-2-16", "4-3-16"]
+
+
+def test_step_times_kept_per_batch_follow_the_profile_and_a_refit():
+    def one_by_one(rule, b, c):
+        return [rule.profile.step_ms(m.tier, b, c, m.eagle3, extend=rule.extend) for m in rule.modes]
+
+    # at no context + per context token, the same sum in another order: equal to ~1e-12 of a step
+    for b, c in ((1, 0.0), (8, 12_345.5), (64, 3e5), (8, 7.0)):  # batch 8 twice: the second from the kept arrays
+        np.testing.assert_allclose(COST.step_ms(b, c), one_by_one(COST, b, c), rtol=1e-10)
+    # a refit profile (the server replaces the rule): its own times, none kept from the old profile's
+    refit = dataclasses.replace(COST, profile=load_profile("qwen3-8b-h100"))
+    np.testing.assert_allclose(refit.step_ms(8, 7.0), one_by_one(refit, 8, 7.0), rtol=1e-10)
+    assert not np.allclose(refit.step_ms(8, 7.0), COST.step_ms(8, 7.0))
