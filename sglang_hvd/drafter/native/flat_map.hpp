@@ -13,6 +13,7 @@
 // (sums, sorting each list, choices broken by unique stamps).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -32,6 +33,14 @@ public:
         vals_.clear();
         size_ = 0;
         mask_ = 0;
+    }
+
+    // Empty, keeping its capacity (a table refilled often: no allocation); an empty slot
+    // holds a default value, as after erase.
+    void reset() {
+        std::fill(keys_.begin(), keys_.end(), kEmpty);
+        std::fill(vals_.begin(), vals_.end(), V());
+        size_ = 0;
     }
 
     // Room for n entries without growing.

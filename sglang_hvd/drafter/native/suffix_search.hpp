@@ -166,12 +166,18 @@ private:
             }
             if (max_p < 2)
                 for (size_t i = first; i < ends_.size(); ++i) match_[i] = max_p;
-            // Longest match first; within a level, newest first (index order is stamp order).
+            // Longest match first; within a level, newest first (index order is stamp order):
+            // a counting sort by level (levels 0..max_p), each level's indexes descending.
+            level_at_.assign(static_cast<size_t>(max_p) + 2, 0);
+            for (size_t i = first; i < ends_.size(); ++i) ++level_at_[static_cast<size_t>(match_[i])];
+            for (int lv = max_p, at = 0; lv >= 0; --lv) {
+                const int count = level_at_[static_cast<size_t>(lv)];
+                level_at_[static_cast<size_t>(lv)] = at;
+                at += count;
+            }
             order_.resize(ends_.size() - first);
-            for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(first + i);
-            std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
-                return match_[a] != match_[b] ? match_[a] > match_[b] : a > b;
-            });
+            for (size_t i = ends_.size(); i-- > first;)
+                order_[static_cast<size_t>(level_at_[static_cast<size_t>(match_[i])]++)] = static_cast<int32_t>(i);
             // Distinct levels, longest first; the set of a level is a prefix of order_.
             size_t i = 0;
             while (i < order_.size()) {
@@ -305,8 +311,7 @@ private:
                 break;
             }
             // The children: (token, count, newest stamp) of the continuations, counted in a
-            // small table while they are few (the common case), else from the sorted
-            // (token, stamp) pairs, whose runs are children. The best has the most
+            // small table while they are few (the common case), else in a hash table. The best has the most
             // occurrences, then the newest stamp (unique per position): the same whatever
             // the order children are met in.
             int32_t tok = -1;
@@ -338,17 +343,16 @@ private:
             if (!many) {
                 if (few_.empty()) break;
                 for (const Kid& k : few_) offer(k.tok, k.count, k.newest);
-            } else {
-                kids_.clear();
-                for (int64_t e : cur)
-                    if (arena[e + 1] >= 0) kids_.emplace_back(arena[e + 1], stamps[e + 1]);
-                std::sort(kids_.begin(), kids_.end());
-                for (size_t i = 0; i < kids_.size();) {
-                    size_t j = i;
-                    while (j < kids_.size() && kids_[j].first == kids_[i].first) ++j;
-                    offer(kids_[i].first, static_cast<int64_t>(j - i), kids_[j - 1].second);
-                    i = j;
+            } else {  // counted in a hash table (the best does not depend on the order met)
+                many_.reset();
+                for (int64_t e : cur) {
+                    const int32_t t = arena[e + 1];
+                    if (t < 0) continue;
+                    Kid& k = many_[t];
+                    k.count += 1;
+                    k.newest = std::max(k.newest, stamps[e + 1]);
                 }
+                many_.for_each([&](int32_t t, const Kid& k) { offer(t, k.count, k.newest); });
             }
             prob *= static_cast<double>(best_count) / static_cast<double>(cur.size());
             if (prob < cfg_.min_token_prob) break;
@@ -487,15 +491,15 @@ private:
         d->tree = NO_TREE;
         return *d;
     }
-    std::vector<int> match_;
+    std::vector<int> match_, level_at_;
     std::vector<int32_t> order_, newest_;
-    std::vector<std::pair<int32_t, int64_t>> kids_;
     struct Kid {
-        int32_t tok;
-        int64_t count, newest;
+        int32_t tok = -1;
+        int64_t count = 0, newest = -1;
     };
-    static constexpr size_t kFewChildren = 16;  // children counted in a table; more: sorted
+    static constexpr size_t kFewChildren = 16;  // children counted in a small table; more: in many_
     std::vector<Kid> few_;
+    FlatMap<int32_t, Kid, -1> many_;
 };
 
 }  // namespace hvd
