@@ -310,19 +310,10 @@ private:
                 }
                 break;
             }
-            // The children: (token, count, newest stamp) of the continuations, counted in a
-            // small table while they are few (the common case), else in a hash table. The best has the most
-            // occurrences, then the newest stamp (unique per position): the same whatever
-            // the order children are met in.
-            int32_t tok = -1;
-            int64_t best_count = 0, best_stamp = -1;
-            auto offer = [&](int32_t t, int64_t count, int64_t newest) {
-                if (count > best_count || (count == best_count && newest > best_stamp)) {
-                    tok = t;
-                    best_count = count;
-                    best_stamp = newest;
-                }
-            };
+            // The children: each continuation's occurrences, counted in a small table while
+            // they are few (the common case), else in a hash table. The best has the most
+            // occurrences, then the newest stamp (unique per position): the same whatever the
+            // order children are met in. Stamps are read only when children tie at the most.
             few_.clear();
             bool many = false;
             for (int64_t e : cur) {
@@ -335,24 +326,48 @@ private:
                         many = true;
                         break;
                     }
-                    few_.push_back(Kid{t, 0, -1});
+                    few_.push_back(Kid{t, 0});
                 }
                 few_[j].count += 1;
-                few_[j].newest = std::max(few_[j].newest, stamps[e + 1]);
             }
+            int32_t tok = -1;
+            int64_t best_count = 0;
+            int tied = 0;
+            auto offer = [&](int32_t t, int64_t count) {
+                if (count > best_count) {
+                    tok = t;
+                    best_count = count;
+                    tied = 1;
+                } else if (count == best_count) {
+                    ++tied;
+                }
+            };
             if (!many) {
-                if (few_.empty()) break;
-                for (const Kid& k : few_) offer(k.tok, k.count, k.newest);
-            } else {  // counted in a hash table (the best does not depend on the order met)
+                for (const Kid& k : few_) offer(k.tok, k.count);
+            } else {
                 many_.reset();
+                for (int64_t e : cur)
+                    if (arena[e + 1] >= 0) many_[arena[e + 1]].count += 1;
+                many_.for_each([&](int32_t t, const Kid& k) { offer(t, k.count); });
+            }
+            if (tok < 0) break;
+            if (tied > 1) {  // the newest occurrence among the tied children's
+                int64_t newest = -1;
                 for (int64_t e : cur) {
                     const int32_t t = arena[e + 1];
-                    if (t < 0) continue;
-                    Kid& k = many_[t];
-                    k.count += 1;
-                    k.newest = std::max(k.newest, stamps[e + 1]);
+                    if (t < 0 || stamps[e + 1] <= newest) continue;
+                    int64_t count = 0;
+                    if (many) {
+                        count = many_.find(t)->count;
+                    } else {
+                        for (const Kid& k : few_)
+                            if (k.tok == t) count = k.count;
+                    }
+                    if (count == best_count) {
+                        newest = stamps[e + 1];
+                        tok = t;
+                    }
                 }
-                many_.for_each([&](int32_t t, const Kid& k) { offer(t, k.count, k.newest); });
             }
             prob *= static_cast<double>(best_count) / static_cast<double>(cur.size());
             if (prob < cfg_.min_token_prob) break;
@@ -495,7 +510,7 @@ private:
     std::vector<int32_t> order_, newest_;
     struct Kid {
         int32_t tok = -1;
-        int64_t count = 0, newest = -1;
+        int64_t count = 0;
     };
     static constexpr size_t kFewChildren = 16;  // children counted in a small table; more: in many_
     std::vector<Kid> few_;
