@@ -11,7 +11,7 @@ from ..drafter.native_drafter import default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..jsonl import atomic_output, write_json
-from ..replay.by_load import parse_policy
+from ..replay.by_load import STATIC_FAMILIES, UNTIERED, parse_policy
 from ..replay.metrics import COLUMNS, HIGH_PAYOFF_ACCEPT_LEN, table_row
 from ..replay.policies import GatePolicy, PolicyOptions, make_policies
 from ..replay.simulate import simulate
@@ -201,8 +201,8 @@ def policy_list(text: str) -> tuple[str, ...]:
             except ValueError:
                 raise argparse.ArgumentTypeError(
                     f"unknown policy {name!r}; sequential replay runs {', '.join(sorted(sequential))}; fleet replay "
-                    f"by load (--concurrency) greedy, eagle3_adaptive, hvd, hvd_online and eagle3@T, cache_only@T, "
-                    f"hvd@T, hvd_online@T (T: TOPK-STEPS-NODES)") from None
+                    f"by load (--concurrency) {', '.join(UNTIERED)} and {', '.join(f + '@T' for f in STATIC_FAMILIES)} "
+                    f"(T: TOPK-STEPS-NODES)") from None
     return names
 
 
