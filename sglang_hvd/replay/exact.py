@@ -67,8 +67,7 @@ class ExactStepper(HVDStepper):
         if not cost.exact:
             raise ValueError("ExactStepper prices true accepted lengths: give it a CostRule(exact=True)")
         self.truth = TruthScorer()
-        super().__init__(drafter, None, shape, rule=rule, step=cost)
-        self.gate = self.truth  # the scorer decide asks (HVDStepper takes a served gate; this one is replay's)
+        super().__init__(drafter, self.truth, shape, rule=rule, step=cost)  # the scorer decide asks
         self._outputs = outputs
 
     def plan(self, rids: Sequence[str]) -> BatchPlan:
