@@ -79,13 +79,18 @@ def parse_tiers(text: str, with_off: bool = False) -> tuple[Tier, ...]:
     return tuple(tiers)
 
 
+def widest_nodes(topk: int, steps: int) -> int:
+    """The most tokens a verify row holds when EAGLE3 drafts ``steps`` steps at ``topk``
+    (the root and the ``topk + (steps - 1) * topk**2`` candidates SGLang's tree picks from;
+    a chain: ``steps + 1``)."""
+    return steps + 1 if topk == 1 else 1 + topk + (steps - 1) * topk ** 2
+
+
 def steps_for(topk: int, nodes: int) -> int:
-    """The fewest EAGLE3 steps whose tree at ``topk`` holds ``nodes - 1`` draft nodes
-    (``topk + (steps - 1) * topk**2 >= nodes - 1``; a chain: ``nodes - 1``)."""
-    if topk == 1:
-        return nodes - 1
+    """The fewest EAGLE3 steps whose tree at ``topk`` fills a row of ``nodes`` tokens
+    (``widest_nodes(topk, steps) >= nodes``; a chain: ``nodes - 1``)."""
     steps = 1
-    while topk + (steps - 1) * topk ** 2 < nodes - 1:
+    while widest_nodes(topk, steps) < nodes:
         steps += 1
     return steps
 
@@ -103,25 +108,32 @@ def _halved(shape: VerifyShape) -> list[Tier]:
 
 def ladder(shape: VerifyShape) -> tuple[Tier, ...]:
     """``off``, the served shape's tiers of halved widths down to 2 nodes, each drafted in
-    the fewest steps that fill it, the served shape, and, when fewer steps fill its width
-    than it drafts, that width in the fewest steps (a cheaper EAGLE3 draft beside a full-width
-    cache branch): 4-3-16 -> off, 4-1-2, 4-1-4, 4-2-8, 4-2-16, 4-3-16; 1-3-4 -> off, 1-1-2, 1-3-4."""
+    the fewest steps that fill it, the served shape and, at topk > 1, for each EAGLE3 step
+    count below the served one the widest tree it fills (capped at the served width): the
+    most a step's draft time buys (4-1-5: a one-step tree's 4 candidates, or a 4-token cache
+    chain) and the served width in fewer steps (4-2-16: a cheaper EAGLE3 draft beside a
+    full-width cache branch). Narrowest first: 4-3-16 -> off, 4-1-2, 4-1-4, 4-1-5, 4-2-8,
+    4-2-16, 4-3-16; 1-3-4 -> off, 1-1-2, 1-3-4 (a chain's step count is its width: the
+    halved widths sample them)."""
     tiers = _halved(shape)
-    fewest = steps_for(shape.topk, shape.nodes)
-    if fewest < shape.steps:
-        tiers.insert(len(tiers) - 1, Tier(VerifyShape(shape.topk, fewest, shape.nodes)))
-    return (Tier(),) + tuple(tiers)
+    if shape.topk > 1:
+        for steps in range(1, shape.steps):
+            tier = Tier(VerifyShape(shape.topk, steps, min(shape.nodes, widest_nodes(shape.topk, steps))))
+            if tier not in tiers:
+                tiers.append(tier)
+    return (Tier(),) + tuple(sorted(tiers, key=lambda t: (t.shape.nodes, t.shape.steps)))
 
 
 @functools.lru_cache(maxsize=256)
 def eagle3_depth_cap(steps: int, served: VerifyShape) -> int:
     """The most EAGLE3 draft nodes the curve (verify.Eagle3Curve) values in a tree of
     ``steps`` steps on a server of ``served``'s shape. The curve gives EAGLE3's tokens by
-    nodes for the trees of the served shape's halved widths (``ladder``'s, but for the
-    full width in fewer steps): each width drafted in the fewest steps that fill it, the served
-    width in the served steps. A tier that drafts as many nodes in fewer steps (4-2-16 beside
-    4-3-16) holds a shallower tree: it is valued as the widest of those trees drafted in
-    ``steps`` or fewer (4-2-8's 7 nodes), a lower bound (more nodes at the same depth accept
+    nodes for the trees of the served shape's halved widths (``ladder``'s but for the
+    widest trees of fewer steps): each width drafted in the fewest steps that fill it, the served
+    width in the served steps. A tier that drafts more nodes in as many steps (4-2-16 beside
+    4-3-16, 4-1-5 beside 4-1-4) holds a shallower tree than the curve's of as many nodes: it is
+    valued as the widest of those trees drafted in ``steps`` or fewer (4-2-8's 7 nodes, 4-1-4's
+    3), a lower bound (more nodes at the same depth accept
     no fewer tokens). A chain (topk 1) is as deep as it has nodes: no cap."""
     if served.topk == 1:
         return MAX_TREE_NODES

@@ -67,10 +67,11 @@ def test_eval_by_concurrency_writes_every_policy_timed(demo_dir, tmp_path, capsy
 def test_default_tiers_come_from_the_gate_s_shape():
     args = argparse.Namespace(tiers=None, static_tiers=None)
     check_tiers(args, VerifyShape(4, 3, 16))
-    assert [t.name for t in args.tiers] == ["off", "4-1-2", "4-1-4", "4-2-8", "4-2-16", "4-3-16"]  # one server's ladder
+    # one server's ladder
+    assert [t.name for t in args.tiers] == ["off", "4-1-2", "4-1-4", "4-1-5", "4-2-8", "4-2-16", "4-3-16"]
     # the static shapes, and the ladder's tiers beside them
     assert [t.name for t in args.static_tiers] == ["1-1-2", "1-3-4", "1-7-8", "4-1-2", "4-1-4", "4-2-8", "4-3-16",
-                                                   "4-2-16"]
+                                                   "4-1-5", "4-2-16"]
     args = argparse.Namespace(tiers=None, static_tiers=None)
     check_tiers(args, VerifyShape(1, 3, 4))  # a chain gate: nothing wider than 4 nodes
     assert [t.name for t in args.tiers] == ["off", "1-1-2", "1-3-4"]

@@ -402,8 +402,8 @@ def test_cost_aware_serving_settings_are_checked_before_serving(demo_dir, demo_g
         cost_rule(dataclasses.replace(cfg, profile=str(tmp_path / "missing.json")), demo_gate, shape)
     # the tier-cycle diagnostic: every mode in turn, whatever the profile
     stepper = build_stepper(HVDServingConfig(enable=True, gate=gate_dir, tier_cycle=True, drafter="python"), shape)
-    assert [m.name for m in stepper.cycle] == ["off", "4-1-2/cache", "4-1-2", "4-1-4/cache", "4-1-4", "4-2-8/cache",
-                                               "4-2-8", "4-2-16/cache", "4-2-16", "4-3-16"]
+    assert [m.name for m in stepper.cycle] == ["off", "4-1-2/cache", "4-1-2", "4-1-4/cache", "4-1-4", "4-1-5/cache",
+                                               "4-1-5", "4-2-8/cache", "4-2-8", "4-2-16/cache", "4-2-16", "4-3-16"]
 
 
 
@@ -444,11 +444,11 @@ def test_a_stepper_cycling_through_every_tier_serves_losslessly_and_records_no_p
     per_tier = {}
     for name, n in modes.items():
         per_tier[name.split("/")[0]] = per_tier.get(name.split("/")[0], 0) + n
-    # 10 modes: off, and each tier with and without EAGLE3's draft but 4-3-16 (4-2-16/cache is the same step)
-    assert sum(modes.values()) == steps and per_tier["off"] in (steps // 10, steps // 10 + 1)
-    assert all(abs(per_tier[t] - 2 * steps / 10) <= 2 for t in ("4-1-2", "4-1-4", "4-2-8", "4-2-16"))
-    assert abs(per_tier["4-3-16"] - steps / 10) <= 2
-    assert all(modes.get(f"{t}/cache", 0) > 0 and modes.get(t, 0) > 0 for t in ("4-1-4", "4-2-8", "4-2-16"))
+    # 12 modes: off, and each tier with and without EAGLE3's draft but 4-3-16 (4-2-16/cache is the same step)
+    assert sum(modes.values()) == steps and per_tier["off"] in (steps // 12, steps // 12 + 1)
+    assert all(abs(per_tier[t] - 2 * steps / 12) <= 2 for t in ("4-1-2", "4-1-4", "4-1-5", "4-2-8", "4-2-16"))
+    assert abs(per_tier["4-3-16"] - steps / 12) <= 2
+    assert all(modes.get(f"{t}/cache", 0) > 0 and modes.get(t, 0) > 0 for t in ("4-1-4", "4-1-5", "4-2-8", "4-2-16"))
     s = stepper.summary()
     assert s["plain_rows"] > 0 and s["cache_rows"] > 0 and s["gate_errors"] == 0
     assert s["rows"] == s["plain_rows"] + s["cache_rows"] + s["eagle3_verifies"] - s["eagle3_branch_wins"]

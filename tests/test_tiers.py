@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_hvd.tiers import STATIC_TIERS, Tier, eagle3_cap, eagle3_depth_cap, ladder, parse_tiers, steps_for
+from sglang_hvd.tiers import (
+    STATIC_TIERS,
+    Tier,
+    eagle3_cap,
+    eagle3_depth_cap,
+    ladder,
+    parse_tiers,
+    steps_for,
+    widest_nodes,
+)
 from sglang_hvd.verify import MAX_TREE_NODES, VerifyShape
 
 
@@ -57,14 +66,20 @@ def test_parse_tiers_keeps_order_drops_repeats_and_can_add_off():
 
 def test_a_served_shape_s_ladder_halves_its_width_at_its_own_topk():
     names = lambda shape: [t.name for t in ladder(shape)]  # noqa: E731
-    # the served width also in the fewest steps that fill it (2 for 15 nodes at topk 4: 4 + 16 >= 15)
-    assert names(VerifyShape(4, 3, 16)) == ["off", "4-1-2", "4-1-4", "4-2-8", "4-2-16", "4-3-16"]
+    # at each step count below the served one, the widest tree it fills: 1 step 1 + 4 nodes (4-1-5),
+    # 2 steps 1 + 4 + 16 capped at the served 16 (4-2-16: the served width in fewer steps)
+    assert names(VerifyShape(4, 3, 16)) == ["off", "4-1-2", "4-1-4", "4-1-5", "4-2-8", "4-2-16", "4-3-16"]
     assert names(VerifyShape(1, 3, 4)) == ["off", "1-1-2", "1-3-4"]
     assert names(VerifyShape(1, 7, 8)) == ["off", "1-1-2", "1-3-4", "1-7-8"]
-    assert names(VerifyShape(4, 3, 8)) == ["off", "4-1-2", "4-1-4", "4-2-8", "4-3-8"]  # the served one keeps its steps
-    assert names(VerifyShape(4, 2, 8)) == ["off", "4-1-2", "4-1-4", "4-2-8"]
+    assert names(VerifyShape(4, 3, 8)) == ["off", "4-1-2", "4-1-4", "4-1-5", "4-2-8", "4-3-8"]  # served: its steps
+    assert names(VerifyShape(4, 2, 8)) == ["off", "4-1-2", "4-1-4", "4-1-5", "4-2-8"]
+    assert names(VerifyShape(2, 3, 8)) == ["off", "2-1-2", "2-1-3", "2-2-4", "2-2-7", "2-3-8"]
+    assert names(VerifyShape(4, 1, 4)) == ["off", "4-1-2", "4-1-4"]  # one step: nothing fewer
     # a topk-4 tree of 7 draft nodes needs 2 steps (4 + 16 >= 7), of 4: 1; a chain of 7: 7
     assert (steps_for(4, 8), steps_for(4, 5), steps_for(4, 4), steps_for(1, 8)) == (2, 1, 1, 7)
+    assert (steps_for(4, 6), steps_for(4, 21), steps_for(4, 22), steps_for(2, 4)) == (2, 2, 3, 2)
+    assert [widest_nodes(4, s) for s in (1, 2, 3)] == [5, 21, 37]
+    assert [widest_nodes(1, s) for s in (1, 3)] == [2, 4]
 
 
 def test_eagle3_is_valued_no_deeper_than_a_tier_drafts():
@@ -84,8 +99,9 @@ def test_a_server_verifies_tiers_of_its_topk_no_wider_than_its_shape():
     assert serving_problem(Tier.parse("4-2-8"), served) is None
     assert "topk 1, but the server drafts at topk 4" in serving_problem(Tier.parse("1-3-4"), served)
     assert "wider than the served shape 4-3-16" in serving_problem(Tier.parse("4-4-20"), served)
-    # the default: off and the halved widths; the served shape is always there, tiers by width
-    assert [t.name for t in served_tiers(None, served)] == ["off", "4-1-2", "4-1-4", "4-2-8", "4-2-16", "4-3-16"]
+    # the default: the ladder (off, the halved widths, the widest tree of each fewer step count); by width
+    assert [t.name for t in served_tiers(None, served)] == ["off", "4-1-2", "4-1-4", "4-1-5", "4-2-8", "4-2-16",
+                                                       "4-3-16"]
     assert [t.name for t in served_tiers("4-2-8,off", served)] == ["off", "4-2-8", "4-3-16"]
     with pytest.raises(ValueError, match="tier 1-1-2: topk 1"):
         served_tiers("off,1-1-2", served)

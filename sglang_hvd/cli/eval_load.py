@@ -39,8 +39,8 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tiers", type=tiers_flag, metavar="T,...",
                    help="the tiers cost-aware hvd chooses from, off or TOPK-STEPS-NODES, none wider than the gate's "
                         "verify shape; one server serves tiers of its own topk only (default: off, the gate's shape "
-                        "halved down to 2 nodes, and its width in the fewest steps, e.g. off,4-1-2,4-1-4,4-2-8,4-2-16,"
-                        "4-3-16 for a 4-3-16 gate)")
+                        "halved down to 2 nodes, the shape and, at topk > 1, the widest tree of each fewer step count, "
+                        "e.g. off,4-1-2,4-1-4,4-1-5,4-2-8,4-2-16,4-3-16 for a 4-3-16 gate)")
     g.add_argument("--static-tiers", type=tiers_flag, metavar="T,...",
                    help=f"the tiers of the static policies eagle3@T, cache_only@T, hvd@T (default: those of "
                         f"{STATIC_TIERS} no wider than the gate, and hvd's --tiers)")

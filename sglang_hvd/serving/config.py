@@ -64,8 +64,9 @@ class HVDServingConfig:
     tiers: str | None = option(
         None, "the verify tiers a cost-aware server picks among, e.g. off,4-1-4,4-2-8,4-3-16 (off: no speculation; "
               "TOPK-STEPS-NODES: the served topk, no wider than the served shape, which is always added)",
-        metavar="T,...", default_text="off, the served shape's halved widths, and its width in the fewest steps "
-                                      "(4-3-16: off,4-1-2,4-1-4,4-2-8,4-2-16,4-3-16)")
+        metavar="T,...", default_text="off, the served shape's halved widths, the served shape and, at topk > 1, the "
+                                      "widest tree of each fewer step count (4-3-16: off,4-1-2,4-1-4,4-1-5,4-2-8,"
+                                      "4-2-16,4-3-16)")
     profile_refit: bool = option(
         True, "keep serving --hvd-profile as given: no online refit from the steps the server times (e.g. to "
               "compare with replay under the same profile)", flag="--hvd-no-profile-refit", launcher_default=True)

@@ -7,10 +7,11 @@ EAGLE3 draft (almost never right), every cache draft verified (threshold -1):
   cycle_1     topk 1 (1-3-4) with --hvd-tier-cycle: its tiers off, 1-1-2, 1-3-4, each with
               and without EAGLE3's draft, one decode step each in turn (a different tier
               at nearly every step of every request; cache-only steps skip the draft)
-  cycle_2     the same at topk 2 (2-3-8: off, 2-1-2, 2-2-4, 2-2-6, 2-3-8 as trees; 2-2-6 drafts
-              more nodes in 2 steps than the ladder's 2-2-4, as 4-2-16 beside 4-3-16), with
-              --hvd-skip-idle-extend: no draft extend after a step without an EAGLE3 draft,
-              so the next EAGLE3 draft starts from a stale state
+  cycle_2     the same at topk 2 over its default ladder (2-3-8: off, 2-1-2, 2-1-3, 2-2-4,
+              2-2-7, 2-3-8 as trees; 2-1-3 and 2-2-7 the widest trees of 1 and 2 steps, as
+              4-1-5 and 4-2-16 beside 4-3-16), with --hvd-skip-idle-extend: no draft extend
+              after a step without an EAGLE3 draft, so the next EAGLE3 draft starts from a
+              stale state
 (TP ranks agreeing on each step's tier: the broadcast in a real 2-process group,
 tests/test_sglang_plugin.py; a TP 2 tier-cycle server was dropped for the CI budget)
   cost_off    1-3-4 with --hvd-profile of a verify that costs 100 ms per token and nothing
@@ -67,7 +68,7 @@ def runs(sglang_server_factory, sglang_cpu_models, qwen_gates, tmp_path_factory)
         "reference": dict(extra_args=[]),
         "cycle_1": dict(extra_args=chain + ["--hvd-gate", gate1, "--hvd-tier-cycle", *every]),
         "cycle_2": dict(extra_args=tree + ["--hvd-gate", gate2, "--hvd-tier-cycle", "--hvd-skip-idle-extend",
-                                           "--hvd-tiers", "off,2-1-2,2-2-4,2-2-6,2-3-8", *every]),
+                                           *every]),
         "cost_off": dict(extra_args=chain + ["--hvd-gate", gate1, "--hvd-profile", profile, *every]),
     }
     out = {}
@@ -95,7 +96,7 @@ def test_tier_switches_mid_stream_leave_the_output_unchanged(runs, name):
 
 
 @pytest.mark.parametrize("name, tiers", [("cycle_1", ["off", "1-1-2", "1-3-4"]),
-                                         ("cycle_2", ["off", "2-1-2", "2-2-4", "2-2-6", "2-3-8"])])
+                                         ("cycle_2", ["off", "2-1-2", "2-1-3", "2-2-4", "2-2-7", "2-3-8"])])
 def test_the_tier_cycle_runs_every_mode_and_skips_eagle3s_draft_on_cache_only_steps(runs, name, tiers):
     hvd = runs[name]["hvd"]
     assert hvd["tiers"] == tiers and hvd["tier_rule"] == "cycle"
