@@ -16,7 +16,6 @@ from sglang_hvd.drafter import DrafterConfig
 from sglang_hvd.drafter.native_drafter import default_drafter_name
 from sglang_hvd.gate import Gate
 from sglang_hvd.gate_spec import GateSpec, GateSplit
-from sglang_hvd.payoff import MIN_CELL_ROWS, SurvivalTable
 from sglang_hvd.replay.metrics import HIGH_PAYOFF_ACCEPT_LEN
 from sglang_hvd.replay.sweep import (
     DEFAULT_GATE_THRESHOLDS,
@@ -108,10 +107,6 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
         f"in {t_fit - t_label:.0f} s")
     with torch.no_grad():
         val_pred = fit.model(torch.from_numpy(val.features)).numpy()
-    # how the predictions spread over widths, for the cost rule (payoff.py): from the validation rows
-    survival = SurvivalTable.fit(val_pred, val.accept_len, val.draft_len, opts.verify.shape.draft_nodes)
-    log(f"survival table: {int((survival.rows >= MIN_CELL_ROWS).sum())} of {survival.rows.size} cells fitted "
-        f"({int(survival.rows[survival.rows >= MIN_CELL_ROWS].sum()):,} of {len(val):,} validation rows)")
 
     provenance = {
         "threshold_source": "fixed" if opts.threshold is not None else "calibrated",
@@ -131,7 +126,7 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
                         test_fraction=opts.test_fraction, group_by=opts.split_by,
                         test_conversations=tuple(sorted({r.conv_id for r in parts[TEST]})),
                         validation_conversations=tuple(sorted({r.conv_id for r in parts[VALIDATION]}))),
-        drafter_impl=opts.drafter_name, payoff=survival, provenance=provenance)
+        drafter_impl=opts.drafter_name, provenance=provenance)
     # Calibrate on validation conversations, replayed as a server would run them.
     gate = Gate.in_memory(spec, token_flags.astype(np.uint16), to_onnx(fit.model).SerializeToString())
     thresholds = (opts.threshold,) if opts.threshold is not None else opts.gate_thresholds

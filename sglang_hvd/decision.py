@@ -242,7 +242,7 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
         mode = _at_shape(shape)
     elif isinstance(step, CostRule):
         mode, use, expected, reserve = choose_mode(step, predicted.astype(np.float64), lens, int(reserve),
-                                                   context_tokens, shape.draft_nodes, control, scorer.payoff_table)
+                                                   context_tokens, shape.draft_nodes, control)
     else:
         mode = step
     if mode.tier.shape is None:

@@ -25,7 +25,6 @@ import numpy as np
 
 from .features import FEATURE_NAMES, FeatureExtractor
 from .gate_spec import GateError, GateSpec  # noqa: F401  (GateError: what a bad gate raises)
-from .payoff import SurvivalTable
 
 INPUT_NAME, OUTPUT_NAME = "features", "accept_len"
 
@@ -119,12 +118,6 @@ class Gate:
     @property
     def verify_model(self):
         return self.spec.verify
-
-    @property
-    def payoff_table(self) -> SurvivalTable | None:
-        """How its predictions spread over row widths: the survival table fitted at training
-        (gate.json ``payoff``); None for a gate trained before it (the geometric model)."""
-        return self.spec.payoff
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """``[batch, F]`` float32 raw features -> predicted accept_len ``[batch]`` float32."""

@@ -21,7 +21,6 @@ from .decision import DecisionRule
 from .drafter.protocol import DrafterConfig
 from .errors import HvdInputError
 from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
-from .payoff import SurvivalTable
 from .trace import TokenizerId
 from .verify import VerifyModel
 
@@ -55,7 +54,6 @@ class GateSpec:
     rule_threshold: float | None = None  # the score rule's best constant on validation
     split: GateSplit = GateSplit()
     drafter_impl: str = "native"
-    payoff: SurvivalTable | None = None  # how its predictions spread over widths (payoff.py; None: geometric)
     provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Informational only (model, training, validation, export): never read by code paths
     that decide anything."""
@@ -73,7 +71,6 @@ class GateSpec:
             "tokenizer": {"name": self.tokenizer.name, "digest": self.tokenizer.digest},
             "costs": dataclasses.asdict(self.costs),
             "rule_threshold": self.rule_threshold,
-            **({"payoff": self.payoff.to_json()} if self.payoff is not None else {}),
             "split": {**dataclasses.asdict(self.split), "test_conversations": list(self.split.test_conversations),
                       "validation_conversations": list(self.split.validation_conversations)},
             **dict(self.provenance),
@@ -95,7 +92,7 @@ class GateSpec:
                 f"but this sglang-hvd computes schema {FEATURE_SCHEMA_VERSION} ({len(FEATURE_NAMES)} features); "
                 "retrain the gate with this version (`hvd train`)")
         known = {"format_version", "feature_schema_version", "feature_names", "normalisation", "decision", "drafter",
-                 "drafter_impl", "verify", "tokenizer", "costs", "rule_threshold", "split", "payoff"}
+                 "drafter_impl", "verify", "tokenizer", "costs", "rule_threshold", "split"}
 
         def part(key: str, build):
             try:
@@ -122,7 +119,6 @@ class GateSpec:
                             if "rule_threshold" in d else None),
             split=part("split", gate_split) if split else GateSplit(),
             drafter_impl=str(d.get("drafter_impl", "native")),
-            payoff=part("payoff", SurvivalTable.from_json) if "payoff" in d else None,
             provenance={k: v for k, v in d.items() if k not in known},
         )
 

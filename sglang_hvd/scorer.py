@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from .drafter.batch import DraftBatch, RowTreeBatch
     from .gate import Gate
     from .gate_spec import GateSpec
-    from .payoff import SurvivalTable
     from .request_state import StateBatch
     from .verify import VerifyModel
 
@@ -55,12 +54,6 @@ class Scorer(Protocol):
         ...
 
     def predict(self, features: np.ndarray) -> np.ndarray: ...
-
-    @property
-    def payoff_table(self) -> SurvivalTable | None:
-        """How its predictions spread over row widths, for the cost rule (payoff.py); None: the
-        geometric model."""
-        ...
 
 
 @runtime_checkable
@@ -99,7 +92,6 @@ class ScoreRule:
     """
 
     reads_trees = False  # the chain's score alone
-    payoff_table = None  # a score is not an accepted length: a cost rule prices it by the geometric model
 
     def __init__(self, gate: Gate, min_score: float | None = None):
         if min_score is None:

@@ -83,7 +83,6 @@ def test_bad_settings_are_refused(kwargs, message):
 class Doubtful:  # a gate that always predicts 0.4 accepted tokens: below the threshold
     rule = DecisionRule(threshold=1.0)
     reads_trees = False
-    payoff_table = None
 
     def __init__(self, extractor):
         self.extractor = extractor

@@ -9,7 +9,7 @@ import pytest
 
 from sglang_hvd.cost_rule import CostRule, StepMode, choose_mode, mode_rows
 from sglang_hvd.decision import DecisionRule, decide
-from sglang_hvd.payoff import Payoff, SurvivalTable
+from sglang_hvd.payoff import Payoff
 from sglang_hvd.request_control import AUTO, CACHE, EAGLE3, OFF
 from sglang_hvd.request_state import RequestState
 from sglang_hvd.step_profile import DraftCost, ForwardCost, HostCost, StepProfile
@@ -210,19 +210,3 @@ def test_a_cost_rule_decides_for_one_batch_and_needs_a_tier():
                    step=step)
     with pytest.raises(ValueError, match="a cost rule needs at least one tier"):
         CostRule(rule.profile, Eagle3Curve(), ())
-
-
-def test_a_gate_s_survival_table_prices_its_rows():
-    # the survival table of tests/test_payoff.py: drafts of 6 tokens predicted 1.2 accept (0.5, 0.2, 0.2, ...) ->
-    # 3 cache nodes are worth 0.9 tokens, where the geometric model of 1.2 at 6 tokens (p = 0.55) says 1.03
-    table = SurvivalTable.fit(np.full(60, 1.2), np.array([0] * 30 + [1] * 18 + [6] * 12), np.full(60, 6), 15)
-    rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), tiers="off,1-3-4")
-    mode, rows, expected, _ = choose_mode(rule, np.array([1.2]), np.array([6]), 0, 0.0, 15, survival=table)
-    assert (mode.name, rows.tolist(), expected) == ("1-3-4/cache", [True], pytest.approx(1.9))  # ties: no draft
-    assert choose_mode(rule, np.array([1.2]), np.array([6]), 0, 0.0, 15)[2] == pytest.approx(2.027, abs=1e-3)
-
-    class TableGate(ListGate):
-        payoff_table = table
-
-    plan = decide(TableGate([1.2]), drafts(list(range(20, 26))), states(1), SHAPE, DecisionRule(), step=rule)
-    assert plan.expected_tokens == pytest.approx(1.9) and plan.plan(0) == RowPlan(3, 0)

@@ -19,7 +19,6 @@ class ListGate:
     """A scorer predicting the given accept lengths, one per row (in row order)."""
 
     reads_trees = False
-    payoff_table = None
 
     def __init__(self, values):
         self.extractor = FeatureExtractor(np.zeros(100, np.uint16), DrafterConfig())

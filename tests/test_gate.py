@@ -198,24 +198,6 @@ def test_gate_spec_round_trips_through_json():
     assert back.verify.shape.describe() == "topk 4, steps 3, 16 nodes" and back.verify.eagle3_tokens == 2.1
 
 
-def test_a_gate_s_survival_table_round_trips_and_older_gates_have_none(tmp_path):
-    from sglang_hvd.gate_spec import GateSpec
-    from sglang_hvd.payoff import SurvivalTable
-
-    table = SurvivalTable.fit(np.full(60, 1.2), np.array([0] * 30 + [1] * 18 + [6] * 12), np.full(60, 6), 15)
-    d = dataclasses_replace(_spec(), payoff=table).to_json()
-    back = GateSpec.from_json(json.loads(json.dumps(d))).payoff
-    assert back.lookup(np.array([1.2]), np.array([6]))[0, :7].tolist() == pytest.approx([0.5] + [0.2] * 5 + [0.0])
-    assert "payoff" not in _spec().to_json() and GateSpec.from_json(_spec().to_json()).payoff is None
-    d["payoff"]["rows"] = [[1]]
-    with pytest.raises(GateError, match=r"bad 'payoff' \(expected 15 x 9 cells with survivals\)"):
-        GateSpec.from_json(d)
-    model, x = _tiny_model()  # a gate serves its table to the decision
-    write_gate_dir(str(tmp_path / "g"), model, dataclasses_replace(_spec(), payoff=table), np.zeros(10, np.uint16),
-                   x[:10])
-    assert Gate(str(tmp_path / "g")).payoff_table.rows.sum() == 60
-
-
 def dataclasses_replace(obj, **kw):
     import dataclasses
 

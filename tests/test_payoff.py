@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_hvd.payoff import Payoff, SurvivalTable
+from sglang_hvd.payoff import Payoff
 
 
 def payoff(predicted, lens, cap: int) -> Payoff:
@@ -71,40 +71,3 @@ def test_an_exact_payoff_accepts_what_the_chain_repeats():
     assert p.accepted(3).tolist() == [2.0, 0.0, 0.0, 3.0]
     assert p.accepted(np.array([1, 3, 5, 15])).tolist() == [1.0, 0.0, 0.0, 4.0]
     assert p.by_width(2).tolist() == [[1.0, 0.0, 0.0, 1.0], [2.0, 0.0, 0.0, 2.0]]
-
-
-def test_a_survival_table_is_fitted_by_cell_and_read_back():
-    # 60 validation drafts of 6 tokens predicted 1.2 (one cell): 30 accept nothing, 18 one token, 12 all six;
-    # 10 drafts predicted 5 (another cell, too few rows: left to the geometric model)
-    pred = np.array([1.2] * 60 + [5.0] * 10)
-    accepted = np.array([0] * 30 + [1] * 18 + [6] * 12 + [3] * 10)
-    lens = np.full(70, 6)
-    table = SurvivalTable.fit(pred, accepted, lens, widths=15)
-    survival = table.lookup(np.array([1.2, 1.3, 5.0]), np.array([6, 7, 6]))
-    assert survival[0].tolist() == pytest.approx([0.5, 0.2, 0.2, 0.2, 0.2, 0.2] + [0.0] * 9)
-    assert survival[1].tolist() == survival[0].tolist()  # 1.3 and 7 tokens: the same cell ([1, 1.5), 6-7 tokens)
-    assert np.isnan(survival[2]).all()
-    assert int(table.rows.sum()) == 70
-    assert table.describe() == "survival table, 1 of 135 cells"  # 15 prediction bins x 9 length bins
-    back = SurvivalTable.from_json(table.to_json())
-    np.testing.assert_array_equal(back.rows, table.rows)
-    np.testing.assert_allclose(back.survival, table.survival)  # nan where nan
-    with pytest.raises(ValueError, match="bins"):
-        SurvivalTable.from_json({**table.to_json(), "length_edges": [1, 2]})
-    bad = table.to_json()
-    bad["survival"][7][5] = [1.5] * 15  # a probability above 1
-    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
-        SurvivalTable.from_json(bad)
-
-
-def test_rows_in_a_fitted_cell_take_its_survival_and_the_others_the_geometric_model():
-    table = SurvivalTable.fit(np.full(60, 1.2), np.array([0] * 30 + [1] * 18 + [6] * 12), np.full(60, 6), 15)
-    # row 0 in the fitted cell; row 1 predicted 5 (no cell); row 2 no draft; row 3 in the cell, 3 tokens checked
-    p = Payoff(np.array([1.2, 5.0, np.nan, 1.2]), np.array([6, 6, 0, 3]), 15, widest=15, survival=table)
-    geometric = Payoff(np.array([1.2, 5.0, np.nan, 1.2]), np.array([6, 6, 0, 3]), 15, widest=15)
-    assert p.first_hit[[0, 2]].tolist() == [0.5, 0.0] and p.first_hit[1] == geometric.first_hit[1]
-    assert [p.accepted(m)[0] for m in (1, 2, 3, 6, 15)] == pytest.approx([0.5, 0.7, 0.9, 1.5, 1.5])
-    assert [p.accepted(m)[1] for m in (1, 3, 15)] == [geometric.accepted(m)[1] for m in (1, 3, 15)]
-    assert p.accepted(15)[2] == 0.0
-    # row 3's cell is 3 tokens ([3, 4): the fit saw none: nan), so it keeps the geometric model
-    assert p.accepted(3)[3] == geometric.accepted(3)[3]

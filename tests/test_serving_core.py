@@ -66,7 +66,6 @@ def test_bad_environment_is_named(env, message):
 
 class FailingGate:
     reads_trees = False
-    payoff_table = None
 
     def __init__(self, real):
         self.extractor = real.extractor
@@ -234,7 +233,6 @@ def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
 class Sure:  # a gate that always predicts a long accepted run
     rule = DecisionRule(threshold=1.0, eagle_reserve=3)
     reads_trees = False
-    payoff_table = None
 
     def __init__(self, extractor):
         self.extractor = extractor

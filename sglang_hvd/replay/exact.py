@@ -36,7 +36,6 @@ class TruthScorer:
     chain: ``rows`` (set before each batch) holds what each row's recording emits next."""
 
     reads_trees = False
-    payoff_table = None  # priced exactly (CostRule(exact=True)), not by a table
 
     def __init__(self):
         self.rows: list[np.ndarray] = []
