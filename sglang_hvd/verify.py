@@ -76,8 +76,9 @@ class VerifyShape:
                 f"with topk 1 a verify row is a chain: nodes must be steps + 1 = {self.steps + 1}, got {self.nodes}")
         bound = self.topk + (self.steps - 1) * self.topk ** 2
         if self.nodes - 1 > bound:
-            raise ValueError(f"nodes - 1 = {self.nodes - 1} exceeds what EAGLE3 drafts at topk {self.topk}, "
-                             f"{self.steps} steps (topk + (steps - 1) * topk^2 = {bound})")
+            steps = f"{self.steps} step{'' if self.steps == 1 else 's'}"
+            raise ValueError(f"nodes - 1 = {self.nodes - 1} exceeds what EAGLE3 drafts at topk {self.topk}, {steps} "
+                             f"(topk + (steps - 1) * topk^2 = {bound})")
 
     @property
     def draft_nodes(self) -> int:

@@ -39,7 +39,7 @@ def test_off_is_a_plain_step():
     ("on", "bad tier 'on'; expected off or TOPK-STEPS-NODES"),
     # a topk-1 row is a chain of steps + 1 tokens
     ("1-3-8", "tier '1-3-8': with topk 1 a verify row is a chain: nodes must be steps + 1 = 4, got 8"),
-    ("4-1-16", "tier '4-1-16': nodes - 1 = 15 exceeds what EAGLE3 drafts at topk 4, 1 steps"),
+    ("4-1-16", "tier '4-1-16': nodes - 1 = 15 exceeds what EAGLE3 drafts at topk 4, 1 step "),
     ("0-1-2", "tier '0-1-2': verify shape needs topk >= 1, steps >= 1 and nodes >= 2"),
 ])
 def test_a_bad_tier_is_refused_with_the_reason(text, message):
