@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from .verify import MAX_TREE_NODES, VerifyShape
+from .verify import MAX_TREE_NODES, VerifyShape, widest_nodes
 
 OFF = "off"
 
@@ -77,13 +77,6 @@ def parse_tiers(text: str, with_off: bool = False) -> tuple[Tier, ...]:
     if not tiers:
         raise ValueError("name at least one tier, e.g. 1-3-4,4-3-16")
     return tuple(tiers)
-
-
-def widest_nodes(topk: int, steps: int) -> int:
-    """The most tokens a verify row holds when EAGLE3 drafts ``steps`` steps at ``topk``
-    (the root and the ``topk + (steps - 1) * topk**2`` candidates SGLang's tree picks from;
-    a chain: ``steps + 1``)."""
-    return steps + 1 if topk == 1 else 1 + topk + (steps - 1) * topk ** 2
 
 
 def steps_for(topk: int, nodes: int) -> int:

@@ -55,6 +55,13 @@ class RowPlan:
         return EAGLE3 if self.eagle_nodes else GREEDY
 
 
+def widest_nodes(topk: int, steps: int) -> int:
+    """The most tokens a verify row holds when EAGLE3 drafts ``steps`` steps at ``topk``:
+    the root and the ``topk + (steps - 1) * topk**2`` candidates SGLang's tree picks from
+    (a chain, topk 1: ``steps + 1``)."""
+    return 1 + topk + (steps - 1) * topk ** 2
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class VerifyShape:
     """SGLang's verify shape: ``--speculative-eagle-topk``, ``--speculative-num-steps``,
@@ -74,7 +81,7 @@ class VerifyShape:
         if self.topk == 1 and self.nodes != self.steps + 1:
             raise ValueError(
                 f"with topk 1 a verify row is a chain: nodes must be steps + 1 = {self.steps + 1}, got {self.nodes}")
-        bound = self.topk + (self.steps - 1) * self.topk ** 2
+        bound = widest_nodes(self.topk, self.steps) - 1
         if self.nodes - 1 > bound:
             steps = f"{self.steps} step{'' if self.steps == 1 else 's'}"
             raise ValueError(f"nodes - 1 = {self.nodes - 1} exceeds what EAGLE3 drafts at topk {self.topk}, {steps} "

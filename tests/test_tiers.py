@@ -12,9 +12,8 @@ from sglang_hvd.tiers import (
     ladder,
     parse_tiers,
     steps_for,
-    widest_nodes,
 )
-from sglang_hvd.verify import MAX_TREE_NODES, VerifyShape
+from sglang_hvd.verify import MAX_TREE_NODES, VerifyShape, widest_nodes
 
 
 def test_a_tier_parses_from_its_name_and_back():
