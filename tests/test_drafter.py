@@ -249,6 +249,23 @@ def test_tree_drafts_equal_the_naive_reference_and_beat_the_chain(name, reqs, cf
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
+def test_the_tree_of_a_chains_own_set_reports_that_sets_match_length(name):
+    """Found by hypothesis: the newest 2 occurrences of "0 4" match 3 tokens, an older one
+    only 2. Lengths 2 and 3 walk the same newest-2 set but are different sets of lengths;
+    the chain (budget 2 at length 2, 1 at length 3) comes from length 2, and the tree of
+    its own set reports 2, not 3 (which the unrestricted tree reports)."""
+    config = DrafterConfig(max_depth=4, max_spec_tokens=2, max_spec_factor=0.5, max_spec_offset=1.0,
+                           min_token_prob=0.0, global_max_tokens=0, max_occurrences=2, max_scan=4)
+    drafter = create_drafter(name, config)
+    drafter.start_request("r", [0, 4, 0, 4, 0, 4])
+    chain = drafter.speculate("r")
+    assert (chain.tokens, chain.probs, chain.match_len, chain.match_count) == ((0, 4), (0.5, 0.5), 2, 2)
+    own = drafter.speculate_tree("r", 1, like=chain)
+    assert (own.tokens, own.parents, own.probs, own.match_len, own.match_count) == ((0,), (-1,), (0.5,), 2, 2)
+    assert drafter.speculate_tree("r", 1).match_len == 3
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
     """Seeded streams over 4 tokens (so continuations branch), 40 requests sharing the
     global tree, max_occurrences 3 (narrowing inside the tree): equal trees, and most of

@@ -78,7 +78,8 @@ struct TreeDraft : Draft {
 
 // The occurrence set a chain draft was walked from (``Searcher::best`` keeps its winner's):
 // a tree of the chain's own set grows from it without looking the set up again
-// (``Searcher::tree_of``: the same tree as ``best_tree`` with only_p = the chain's match length).
+// (``Searcher::tree_of``: the same nodes as ``best_tree`` with only_p = the chain's match length;
+// its match length may be longer, as the chain's set scan stops early: row trees drop it).
 struct ChainSet {
     bool valid = false;
     bool one_token = false;  // the one-token pattern's set E1 (its first level from the successor table)
@@ -152,11 +153,13 @@ private:
         if (!ends_.empty()) {
             // Backward match length (>= 2, capped at max_p) of the occurrences, newest
             // first, until K of them match all max_p tokens: ends_[first:] are scanned.
+            // Older ones cannot change a set's draft (its newest K), only how the lengths
+            // split into sets; only_p asks for the set of one length, so it scans them all.
             const int64_t cap = cfg_.max_occurrences;
             match_.assign(ends_.size(), 0);
             int64_t full = 0;
             size_t first = ends_.size();
-            while (first > 0 && full < cap) {
+            while (first > 0 && (only_p > 0 || full < cap)) {
                 --first;
                 int64_t e = ends_[first];
                 int b = 2;
