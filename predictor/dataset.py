@@ -3,7 +3,8 @@
 Labels are what a cache chain of the whole row would accept: min(LCP, N-1); with
 ``siblings`` S > 0 (serving rows, topk > 1), what the row tree of the chain and up to S
 siblings accepts (drafter/row_tree.py): the payoff of the cache branch the decision
-verifies."""
+verifies. Beside them, the chain's own min(LCP, N-1) (``chain_accept``): what the
+payoff curve learns (mlp.CurveLabels)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Dataset:
     features: np.ndarray  # [examples, F] float32
     accept_len: np.ndarray  # [examples] float32 labels
     draft_len: np.ndarray  # [examples] int32
+    chain_accept: np.ndarray  # [examples] int32: the cache chain's accepted length, at most N-1
     conv_ids: np.ndarray  # [examples] object (str)
     sources: np.ndarray  # [examples] object (str)
 
@@ -59,7 +61,7 @@ class _Recorder:
             n = len(view.draft.tokens)
             nodes = int(decision.described(n, self.siblings, view.shape.draft_nodes))
             self.sink.append((view.draft, view.state.snapshot(), view.row.head(nodes),
-                              accepted_within(view.oracle_path, nodes), n))
+                              accepted_within(view.oracle_path, nodes), n, view.oracle_accept_len))
             view.state.record(view.draft.tokens)
         return self.inner.plan(view)
 
@@ -77,17 +79,18 @@ def _serving_examples(records, drafter, extractor, model, bar, siblings=0):
     for record in records:
         for _ in iter_serving([record], drafter, policies, model):
             pass
-        drafts, states, trees, labels, dlen = zip(*sink) if sink else ((), (), (), (), ())
+        drafts, states, trees, labels, dlen, chain = zip(*sink) if sink else ((), (), (), (), (), ())
         sink.clear()
         bar.update(len(record.output_ids))
         yield (record, extractor.of_rows(drafts, states, trees), np.array(labels, dtype=np.int32),
-               np.array(dlen, dtype=np.int32))
+               np.array(dlen, dtype=np.int32), np.array(chain, dtype=np.int32))
 
 
 def _dense_examples(records, drafter, extractor, model, bar):
     for req in iter_labelled(records, drafter, extractor):
         bar.update(len(req.record.output_ids))
-        yield req.record, req.features, np.minimum(req.accept_len, model.shape.draft_nodes), req.draft_len
+        chain = np.minimum(req.accept_len, model.shape.draft_nodes)
+        yield req.record, req.features, chain, req.draft_len, chain
 
 
 def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_config: DrafterConfig,
@@ -106,24 +109,25 @@ def build_dataset(records: Sequence[TraceRecord], drafter_name: str, drafter_con
                          "(or use --positions serving, whose labels are the row tree's payoff)")
     extractor = FeatureExtractor(token_flags, drafter_config)
     drafter = create_drafter(drafter_name, drafter_config)
-    feats, labels, dlen, convs, sources = [], [], [], [], []
+    feats, labels, dlen, chains, convs, sources = [], [], [], [], [], []
     with progress(total=sum(len(r.output_ids) for r in records), desc=desc, unit="tok") as bar:
         if positions == "dense":
             stream = _dense_examples(records, drafter, extractor, model or VerifyModel(), bar)
         else:
             stream = _serving_examples(records, drafter, extractor, model or VerifyModel(), bar, siblings)
-        for record, x, y, d in stream:
+        for record, x, y, d, c in stream:
             feats.append(x)
             labels.append(y)
             dlen.append(d)
+            chains.append(c)
             convs.append(np.full(len(y), record.conv_id, dtype=object))
             sources.append(np.full(len(y), record.source, dtype=object))
     if not feats:
         empty = np.zeros(0)
         return Dataset(np.zeros((0, len(FEATURE_NAMES)), np.float32), empty.astype(np.float32), empty.astype(np.int32),
-                       empty.astype(object), empty.astype(object))
+                       empty.astype(np.int32), empty.astype(object), empty.astype(object))
     return Dataset(np.concatenate(feats), np.concatenate(labels).astype(np.float32), np.concatenate(dlen),
-                   np.concatenate(convs), np.concatenate(sources))
+                   np.concatenate(chains).astype(np.int32), np.concatenate(convs), np.concatenate(sources))
 
 
 def records_digest(records: Sequence[TraceRecord]) -> str:

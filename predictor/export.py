@@ -2,9 +2,10 @@
 
 The graph is written op by op from the trained weights (Sub, Div, then MatMul + Add +
 Relu per layer, then Squeeze): input ``features`` [batch, F] float32, output
-``accept_len`` [batch], batch axis dynamic. It must pass ``onnx.checker`` and agree with
-the torch model within ``max_abs_diff`` (default 1e-4) on held-out rows, or the export
-fails and no gate directory is written.
+``accept_len`` [batch], batch axis dynamic; a model with a payoff curve of W widths also
+outputs ``accept_survival`` [batch, W] (Slice, Sigmoid). It must pass ``onnx.checker``
+and agree with the torch model within ``max_abs_diff`` (default 1e-4) on held-out rows,
+every output, or the export fails and no gate directory is written.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from sglang_hvd.gate import INPUT_NAME, OUTPUT_NAME
+from sglang_hvd.gate import INPUT_NAME, OUTPUT_NAME, SURVIVAL_NAME
 from sglang_hvd.gate_spec import FILES, GateSpec
 
 from .mlp import GateMLP
@@ -49,11 +50,23 @@ def to_onnx(model: GateMLP) -> onnx.ModelProto:
         if i < len(linears) - 1:
             nodes.append(helper.make_node("Relu", [f"z{i}"], [f"h{i + 1}"]))
             h = f"h{i + 1}"
-    nodes.append(helper.make_node("Squeeze", [f"z{len(linears) - 1}", "squeeze_axes"], [OUTPUT_NAME]))
+    last = f"z{len(linears) - 1}"
+    outputs = [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])]
+    width = model.curve_width
+    if width:  # [batch, 1 + W]: accept_len from column 0, the survival from the rest
+        inits += [numpy_helper.from_array(np.array([v], dtype=np.int64), name)
+                  for name, v in (("first", 0), ("second", 1), ("end", 1 + width), ("columns", 1))]
+        nodes += [helper.make_node("Slice", [last, "first", "second", "columns"], ["accept_col"]),
+                  helper.make_node("Squeeze", ["accept_col", "squeeze_axes"], [OUTPUT_NAME]),
+                  helper.make_node("Slice", [last, "second", "end", "columns"], ["survival_logits"]),
+                  helper.make_node("Sigmoid", ["survival_logits"], [SURVIVAL_NAME])]
+        outputs.append(helper.make_tensor_value_info(SURVIVAL_NAME, TensorProto.FLOAT, ["batch", width]))
+    else:
+        nodes.append(helper.make_node("Squeeze", [last, "squeeze_axes"], [OUTPUT_NAME]))
     graph = helper.make_graph(
         nodes, "hvd_gate",
         [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", num_features])],
-        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])],
+        outputs,
         initializer=inits,
     )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sglang-hvd")
@@ -63,17 +76,23 @@ def to_onnx(model: GateMLP) -> onnx.ModelProto:
 
 
 def parity(proto: onnx.ModelProto, model: GateMLP, rows: np.ndarray) -> float:
-    """Max |onnxruntime - torch| over ``rows``."""
+    """Max |onnxruntime - torch| over ``rows``, every output."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.ascontiguousarray(rows, dtype=np.float32)
-    got = session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+    names = [OUTPUT_NAME, SURVIVAL_NAME] if model.curve_width else [OUTPUT_NAME]
+    got = session.run(names, {INPUT_NAME: x})
     with torch.no_grad():
-        want = model(torch.from_numpy(x)).numpy()
-    if got.shape != want.shape:
-        raise ExportParityError(f"onnxruntime returned shape {got.shape}, torch {want.shape}")
-    return float(np.max(np.abs(got - want))) if len(x) else 0.0
+        xt = torch.from_numpy(x)
+        want = [model(xt).numpy()] + ([model.survival(xt).numpy()] if model.curve_width else [])
+    diff = 0.0
+    for name, g, w in zip(names, got, want):
+        if g.shape != w.shape:
+            raise ExportParityError(f"onnxruntime returned {name} of shape {g.shape}, torch {w.shape}")
+        if len(x):
+            diff = max(diff, float(np.max(np.abs(g - w))))
+    return diff
 
 
 def write_gate_dir(out_dir: str, model: GateMLP, spec: GateSpec, token_flags: np.ndarray,

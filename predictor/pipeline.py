@@ -30,7 +30,7 @@ from sglang_hvd.verify import VerifyModel
 
 from .dataset import build_dataset, records_digest
 from .export import to_onnx, write_gate_dir
-from .mlp import TrainConfig, train_mlp
+from .mlp import CurveLabels, TrainConfig, train_mlp
 from .split import TEST, TRAIN, VALIDATION, split_conversations
 
 
@@ -52,6 +52,7 @@ class TrainOptions:
     gate_thresholds: tuple[float, ...] = DEFAULT_GATE_THRESHOLDS
     rule_thresholds: tuple[float, ...] = DEFAULT_RULE_THRESHOLDS
     parity_rows: int = 4096
+    payoff_curve: bool = True  # learn each draft's survival by width (mlp.py; payoff.py prices by it)
 
     def __post_init__(self):
         """What train_gate would refuse after reading the traces, refused when the options are built."""
@@ -100,7 +101,9 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
     t_label = time.perf_counter()
     log(f"labelled {len(train):,} train and {len(val):,} validation drafts in {t_label - t0:.0f} s")
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    fit = train_mlp(train.features, train.accept_len, val.features, val.accept_len, opts.model)
+    width = opts.verify.shape.draft_nodes if opts.payoff_curve else 0
+    fit = train_mlp(train.features, train.accept_len, val.features, val.accept_len, opts.model, width,
+                    CurveLabels(train.chain_accept, train.draft_len), CurveLabels(val.chain_accept, val.draft_len))
     t_fit = time.perf_counter()
     log(f"trained {fit.epochs} epochs (best {fit.best_epoch}, "
         f"validation MSE {fit.validation_mse[fit.best_epoch - 1]:.3f}) "
@@ -112,8 +115,9 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
         "threshold_source": "fixed" if opts.threshold is not None else "calibrated",
         "eagle_reserve_source": "fixed" if opts.eagle_reserve is not None else "calibrated",
         "labels": f"row tree payoff: the chain and up to {siblings} siblings" if siblings else "chain payoff",
-        "model": {"hidden": list(opts.model.hidden), "loss": "mse", "epochs": fit.epochs, "best_epoch": fit.best_epoch,
-                  "seed": opts.model.seed},
+        "model": {"hidden": list(opts.model.hidden),
+                  "loss": f"mse + survival cross-entropy at {width} widths" if width else "mse",
+                  "epochs": fit.epochs, "best_epoch": fit.best_epoch, "seed": opts.model.seed},
         "training": {"positions": opts.positions, "digest": records_digest(parts[TRAIN]), "requests": len(parts[TRAIN]),
                      "rows": len(train), "validation_requests": len(parts[VALIDATION]), "validation_rows": len(val)},
         "validation": {"mse": fit.validation_mse[fit.best_epoch - 1], **_high_payoff(val_pred, val.accept_len)},
@@ -126,7 +130,7 @@ def train_gate(records: Sequence[TraceRecord], token_flags: np.ndarray, tokenize
                         test_fraction=opts.test_fraction, group_by=opts.split_by,
                         test_conversations=tuple(sorted({r.conv_id for r in parts[TEST]})),
                         validation_conversations=tuple(sorted({r.conv_id for r in parts[VALIDATION]}))),
-        drafter_impl=opts.drafter_name, provenance=provenance)
+        drafter_impl=opts.drafter_name, payoff_curve=width, provenance=provenance)
     # Calibrate on validation conversations, replayed as a server would run them.
     gate = Gate.in_memory(spec, token_flags.astype(np.uint16), to_onnx(fit.model).SerializeToString())
     thresholds = (opts.threshold,) if opts.threshold is not None else opts.gate_thresholds

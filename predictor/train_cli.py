@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "that row's payoff and the gate's tree features describe its siblings "
                         "(topk > 1, --positions serving; "
                         "default: 4, and 0 at topk 1 or with --positions dense)")
+    p.add_argument("--payoff", choices=("curve", "geometric"), default="curve",
+                   help="how a cost-aware server prices a cache draft at each verify width: curve = the gate also "
+                        "learns each draft's survival by width (a second output); geometric = from the one predicted "
+                        "accept_len (sglang_hvd/payoff.py; default: %(default)s)")
     p.add_argument("--gate-thresholds", type=gate_thresholds, default=DEFAULT_GATE_THRESHOLDS, metavar="T,...",
                    help="thresholds tried by calibration (default: %s)"
                    % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
@@ -234,7 +238,8 @@ def _options(args: argparse.Namespace, train_config: type, train_options: type):
             drafter=dataclass_from_flags(DrafterConfig, args), verify=verify,
             costs=dataclass_from_flags(CostModel, args, prefix="cost"), threshold=args.threshold,
             eagle_reserve=args.eagle_reserve, cache_siblings=args.cache_siblings,
-            gate_thresholds=args.gate_thresholds, rule_thresholds=args.rule_thresholds)
+            gate_thresholds=args.gate_thresholds, rule_thresholds=args.rule_thresholds,
+            payoff_curve=args.payoff == "curve")
     except ValueError as e:
         raise HvdInputError(str(e)) from None
 

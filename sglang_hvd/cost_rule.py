@@ -245,16 +245,16 @@ def expected_tokens(cost: CostRule, payoff: Payoff, lens: np.ndarray, eagle_rese
 
 
 def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, eagle_reserve: int,
-                context_tokens: float, cap: int,
-                control: np.ndarray | None = None) -> tuple[StepMode, np.ndarray, float, int | np.ndarray]:
+                context_tokens: float, cap: int, control: np.ndarray | None = None,
+                survival: np.ndarray | None = None) -> tuple[StepMode, np.ndarray, float, int | np.ndarray]:
     """The StepMode of the most expected tokens per millisecond for this batch (of equals,
     the first in ``cost.modes``: the cheaper shape), the rows that verify their cache draft at
     it and their EAGLE3 reserve (``mode_rows``'s, from the same arrays), and the tokens it
     expects the step to emit (the stepper sets them beside the emitted). ``predicted``: the
     gate's accept_len, trained at ``cap`` nodes; ``control``: the rows' per-request controls
-    (``mode_rows``), or None."""
+    (``mode_rows``), or None; ``survival``: the gate's own payoff curve (payoff.py), or None."""
     widest = int(cost.nodes.max())
-    payoff = Payoff.exact(predicted, lens, widest) if cost.exact else Payoff(predicted, lens, cap, widest)
+    payoff = Payoff.exact(predicted, lens, widest) if cost.exact else Payoff(predicted, lens, cap, widest, survival)
     every = _all_modes(cost, payoff, lens, eagle_reserve, control)
     expected = len(lens) + every.per_row.sum(axis=1)
     best = int(np.argmax(expected / cost.step_ms(len(lens), context_tokens)))

@@ -115,15 +115,23 @@ def described(chain_len, siblings, draft_nodes: int):
     return np.minimum(chain_len + siblings, draft_nodes)  # ints or arrays of rows
 
 
-def predictions(scorer: Scorer, drafts: DraftBatch, states: StateBatch, trees: RowTreeBatch | None) -> np.ndarray:
+def predictions(scorer: Scorer, drafts: DraftBatch, states: StateBatch,
+                trees: RowTreeBatch | None) -> tuple[np.ndarray, np.ndarray | None]:
     """The scorer's value per row ``[B]`` float64 (raises on a bad scorer): a learned gate's
     predicted accept_len (float32 from onnxruntime, exact in float64), the score rule's
-    draft scores."""
+    draft scores; and, from a scorer with ``predict_curve`` (gate.Gate) whose gate learned
+    one, each row's survival ``[B, W]`` (payoff.py; else None), from the same run."""
     b = len(drafts)
-    pred = np.asarray(scorer.predict(scorer.extractor.features(drafts, states, trees)), dtype=np.float64)
+    features = scorer.extractor.features(drafts, states, trees)
+    curve = getattr(scorer, "predict_curve", None)
+    value, survival = curve(features) if curve is not None else (scorer.predict(features), None)
+    pred = np.asarray(value, dtype=np.float64)
     if pred.shape != (b,) or not np.all(np.isfinite(pred)):
         raise ValueError(f"scorer returned shape {pred.shape} / non-finite values for a batch of {b}")
-    return pred
+    if survival is not None and (survival.shape[0] != b or not np.all(np.isfinite(survival))):
+        raise ValueError(f"scorer returned a survival curve of shape {survival.shape} / non-finite values for a "
+                         f"batch of {b}")
+    return pred, survival
 
 
 def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
@@ -218,13 +226,14 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     grows = siblings > 0  # the rule adds siblings to cache rows (a bool, or one per row)
     described_trees = None  # the row trees of the rows asked, cut at the nodes described
     payoff = None  # [B] float64 the calibrated payoff (nan: not judged), with a calibration
+    survival = None  # [B, W] the gate's payoff curve, where it learned one
     lens_list = lens.tolist()
     if scorer is not None and any(lens_list):
         grows_at_shape = trees is not None and shape.allows_branches and shape.draft_nodes <= MAX_TREE_NODES
         if grows_at_shape and scorer.reads_trees and (want := np.flatnonzero(judged & grows)).size:
             described_trees = _described_trees(trees, want, lens, siblings, b, shape.draft_nodes)
         try:
-            pred = predictions(scorer, drafts, StateBatch.of(states), described_trees)
+            pred, survival = predictions(scorer, drafts, StateBatch.of(states), described_trees)
         except Exception as e:  # onnxruntime raises its own types; a failed gate must not stop a server
             if not fallback:
                 raise
@@ -242,7 +251,7 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
         mode = _at_shape(shape)
     elif isinstance(step, CostRule):
         mode, use, expected, reserve = choose_mode(step, predicted.astype(np.float64), lens, int(reserve),
-                                                   context_tokens, shape.draft_nodes, control)
+                                                   context_tokens, shape.draft_nodes, control, survival)
     else:
         mode = step
     if mode.tier.shape is None:

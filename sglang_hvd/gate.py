@@ -2,7 +2,9 @@
 
 A gate directory holds:
   gate.onnx        input "features" [batch, F] float32 (raw features: standardisation is
-                   inside the graph), output "accept_len" [batch] float32
+                   inside the graph), output "accept_len" [batch] float32 and, in gates
+                   with a payoff curve (gate.json payoff_curve W > 0), "accept_survival"
+                   [batch, W] float32: P(the cache draft's first k tokens are accepted)
   gate.json        a GateSpec (gate_spec.py): format and feature-schema versions, feature
                    names, the decision rule, the drafter settings, the verify shape and
                    EAGLE3 curve it was trained for, the tokenizer, provenance
@@ -26,7 +28,7 @@ import numpy as np
 from .features import FEATURE_NAMES, FeatureExtractor
 from .gate_spec import GateError, GateSpec  # noqa: F401  (GateError: what a bad gate raises)
 
-INPUT_NAME, OUTPUT_NAME = "features", "accept_len"
+INPUT_NAME, OUTPUT_NAME, SURVIVAL_NAME = "features", "accept_len", "accept_survival"
 
 
 def gate_digest(model: str | bytes, spec: GateSpec, token_flags: np.ndarray) -> str:
@@ -93,14 +95,21 @@ class Gate:
         except Exception as e:  # onnxruntime raises its own exception types for bad models
             raise GateError(f"{where}: onnxruntime cannot load gate.onnx ({e})") from e
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if [i.name for i in inputs] != [INPUT_NAME] or [o.name for o in outputs] != [OUTPUT_NAME]:
-            raise GateError(f"{where}: gate.onnx must have input {INPUT_NAME!r} and output {OUTPUT_NAME!r}")
+        self.curve_width = spec.payoff_curve
+        want = [OUTPUT_NAME, SURVIVAL_NAME] if self.curve_width else [OUTPUT_NAME]
+        if [i.name for i in inputs] != [INPUT_NAME] or [o.name for o in outputs] != want:
+            raise GateError(f"{where}: gate.onnx must have input {INPUT_NAME!r} and outputs {want} "
+                            f"(gate.json payoff_curve {self.curve_width}), got {[o.name for o in outputs]}")
         try:
-            probe = self.predict(np.zeros((2, len(FEATURE_NAMES)), dtype=np.float32))
+            probe, survival = self.predict_curve(np.zeros((2, len(FEATURE_NAMES)), dtype=np.float32))
         except Exception as e:
             raise GateError(f"{where}: gate.onnx fails on a probe batch ({e})") from e
         if probe.shape != (2,) or not np.all(np.isfinite(probe)):
             raise GateError(f"{where}: gate.onnx returned {probe.shape} / non-finite values on a probe batch")
+        if survival is not None and (survival.shape != (2, self.curve_width)
+                                     or not np.all((survival >= 0) & (survival <= 1))):
+            raise GateError(f"{where}: gate.onnx returned a survival curve of shape {survival.shape} (want "
+                            f"(2, {self.curve_width})) or values outside [0, 1] on a probe batch")
         self.extractor = FeatureExtractor(self.token_flags, self.drafter_config)
         self.digest = gate_digest(model, spec, token_flags)
 
@@ -123,3 +132,12 @@ class Gate:
         """``[batch, F]`` float32 raw features -> predicted accept_len ``[batch]`` float32."""
         inputs = {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)}
         return self.session.run([OUTPUT_NAME], inputs)[0].reshape(-1)
+
+    def predict_curve(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """One run: predicted accept_len ``[batch]`` and, in a gate with a payoff curve, each
+        row's survival ``[batch, W]`` (None in a gate without one)."""
+        if not self.curve_width:
+            return self.predict(features), None
+        inputs = {INPUT_NAME: np.ascontiguousarray(features, dtype=np.float32)}
+        pred, survival = self.session.run([OUTPUT_NAME, SURVIVAL_NAME], inputs)
+        return pred.reshape(-1), survival

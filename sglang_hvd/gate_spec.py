@@ -54,6 +54,8 @@ class GateSpec:
     rule_threshold: float | None = None  # the score rule's best constant on validation
     split: GateSplit = GateSplit()
     drafter_impl: str = "native"
+    # W > 0: gate.onnx also outputs each draft's survival at widths 1..W (payoff.py); 0: the geometric model
+    payoff_curve: int = 0
     provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Informational only (model, training, validation, export): never read by code paths
     that decide anything."""
@@ -71,6 +73,7 @@ class GateSpec:
             "tokenizer": {"name": self.tokenizer.name, "digest": self.tokenizer.digest},
             "costs": dataclasses.asdict(self.costs),
             "rule_threshold": self.rule_threshold,
+            "payoff_curve": self.payoff_curve,
             "split": {**dataclasses.asdict(self.split), "test_conversations": list(self.split.test_conversations),
                       "validation_conversations": list(self.split.validation_conversations)},
             **dict(self.provenance),
@@ -92,7 +95,7 @@ class GateSpec:
                 f"but this sglang-hvd computes schema {FEATURE_SCHEMA_VERSION} ({len(FEATURE_NAMES)} features); "
                 "retrain the gate with this version (`hvd train`)")
         known = {"format_version", "feature_schema_version", "feature_names", "normalisation", "decision", "drafter",
-                 "drafter_impl", "verify", "tokenizer", "costs", "rule_threshold", "split"}
+                 "drafter_impl", "verify", "tokenizer", "costs", "rule_threshold", "split", "payoff_curve"}
 
         def part(key: str, build):
             try:
@@ -119,6 +122,7 @@ class GateSpec:
                             if "rule_threshold" in d else None),
             split=part("split", gate_split) if split else GateSplit(),
             drafter_impl=str(d.get("drafter_impl", "native")),
+            payoff_curve=part("payoff_curve", _curve_width) if "payoff_curve" in d else 0,
             provenance={k: v for k, v in d.items() if k not in known},
         )
 
@@ -136,3 +140,9 @@ class GateSpec:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise GateError(f"{path}: not valid JSON ({e})") from e
         return cls.from_json(data, path)
+
+
+def _curve_width(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"a number of widths >= 0 expected, got {v!r}")
+    return v

@@ -16,6 +16,14 @@ fleet replay (6,528 drafts, the recommended gate): at L = 1, 3, 7, 15 the model 
 0.461, 0.921, 1.322, 1.598 accepted tokens a draft against 0.460, 0.952, 1.417, 1.651
 measured (``min(predicted, L)``: 0.668, 1.123, 1.452, 1.598).
 
+A gate that learned its own curve (gate.json ``payoff_curve``: a second output, each
+row's survival s_k = P(the draft's first k tokens are all accepted), k = 1..W, W its
+row's N-1) is priced by it instead: L nodes accept s_1 + ... + s_min(L, length, W). The
+survival is made non-increasing in k (a running minimum) before it is summed. Checked
+the same way (held-out, three task splits, 145,000-160,000 drafts each): the curve's
+mean squared error is 5-10% below the geometric model's at widths 1-4, and fleet replay
+gains 0.1-1.6% tokens/s at 11 of 12 (split, concurrency) points (docs/results.md).
+
 Computed by table: p by interpolation in an inverse table of E_D (per D, on a grid of
 predicted / D), then E_m(p) for every m at once (a cumulative sum of powers), so a batch
 costs a few vector operations and any number of widths is a lookup.
@@ -45,12 +53,19 @@ class Payoff:
 
     __slots__ = ("_rows", "_accepted", "first_hit")
 
-    def __init__(self, predicted: np.ndarray, draft_lens: np.ndarray, cap: int, widest: int = MAX_TREE_NODES):
+    def __init__(self, predicted: np.ndarray, draft_lens: np.ndarray, cap: int, widest: int = MAX_TREE_NODES,
+                 survival: np.ndarray | None = None):
         """``predicted``: the gate's accept_len per row (nan or <= 0: nothing), trained at
         ``cap`` (its row's N-1) nodes; ``draft_lens``: the rows' cache draft lengths;
-        ``widest``: the most tokens a caller checks (the table stops there)."""
-        pred = np.asarray(predicted, dtype=np.float64)
+        ``widest``: the most tokens a caller checks (the table stops there); ``survival``:
+        ``[B, W]`` the gate's own curve where it learned one (then ``predicted`` is not read)."""
         lens = np.minimum(np.maximum(np.asarray(draft_lens, dtype=np.int64), 0), MAX_TREE_NODES)
+        width = min(widest, MAX_TREE_NODES)
+        self._rows = np.arange(len(lens))
+        if survival is not None:
+            self._of_survival(np.asarray(survival, dtype=np.float64), lens, width)
+            return
+        pred = np.asarray(predicted, dtype=np.float64)
         d = np.minimum(lens, cap)
         # predicted / D in [0, 1] (fmax and fmin take nan as missing: nothing)
         f = np.fmin(np.fmax(pred / np.maximum(d, 1), 0.0), 1.0) * _FRACTIONS
@@ -58,7 +73,6 @@ class Payoff:
         w = f - j
         p = np.where(d > 0, _INVERSE[d, j] * (1 - w) + _INVERSE[d, j + 1] * w, 0.0)
         self.first_hit = p  # P(the draft's first token is accepted), per row (0: no draft)
-        width = min(widest, MAX_TREE_NODES)
         # _accepted[m, i] = E_min(m, L_i)(p_i) = p_i + ... + p_i^min(m, L_i), m = 0..width: a row's
         # powers past its draft are 0, so its value stays at its whole draft's
         acc = np.zeros((width + 1, len(p)))
@@ -68,7 +82,24 @@ class Payoff:
             np.cumprod(powers, axis=0, out=powers)
             powers[_WIDTHS[:width] > lens] = 0.0
             np.cumsum(powers, axis=0, out=powers)
-        self._rows, self._accepted = np.arange(len(p)), acc
+        self._accepted = acc
+
+    def _of_survival(self, survival: np.ndarray, lens: np.ndarray, width: int) -> None:
+        """The learned curve: s_k made non-increasing (nan: 0), 0 past a row's draft and past W."""
+        b, w = survival.shape
+        if b != len(lens):
+            raise ValueError(f"survival curve of {b} rows for {len(lens)} drafts")
+        s = np.minimum.accumulate(np.nan_to_num(np.clip(survival, 0.0, 1.0), nan=0.0), axis=1)
+        acc = np.zeros((width + 1, b))
+        k = min(width, w)
+        if k:
+            hits = acc[1 : k + 1]
+            hits[:] = s[:, :k].T
+            hits[_WIDTHS[:k] > lens] = 0.0
+            rest = acc[1:]
+            np.cumsum(rest, axis=0, out=rest)  # past W: each row's value at W
+        self.first_hit = acc[1] if width else np.zeros(b)
+        self._accepted = acc
 
     @classmethod
     def exact(cls, accepted: np.ndarray, draft_lens: np.ndarray, widest: int = MAX_TREE_NODES) -> Payoff:

@@ -6,7 +6,9 @@ batch, and compares each value with the rule's threshold. A scorer never calls b
 the decision. Two implement it:
 
   gate.Gate    the trained MLP in ONNX over the gate features (features.FeatureExtractor):
-               the predicted accept_len of each cache draft
+               the predicted accept_len of each cache draft; a gate that learned a payoff
+               curve also offers ``predict_curve`` (the value and each draft's survival
+               by width, from one run), which a cost rule prices widths by (payoff.py)
   ScoreRule    ArcticInference's rule served by HVD over one feature, the draft's score
                (ScoreFeature: the sum of its token probabilities, exact in float64, as
                replay's rule reads it); no onnxruntime call

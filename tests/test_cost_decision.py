@@ -60,6 +60,37 @@ def test_cheap_wide_verify_and_high_payoffs_pick_the_widest_tier_without_eagle3(
     assert [plan.plan(i) for i in range(2)] == [RowPlan(15, 0), RowPlan(15, 0)]
 
 
+class CurveGate(ListGate):
+    """A ListGate that also gives each row's survival curve (gate.Gate.predict_curve)."""
+
+    def __init__(self, values, survival):
+        super().__init__(values)
+        self.survival = np.array(survival, dtype=np.float32)
+
+    def predict_curve(self, x):
+        return self.predict(x), self.survival[: len(x)]
+
+
+def test_a_gates_own_survival_curve_prices_the_widths_where_it_has_one():
+    # the case above: two 15-token drafts predicted whole pick 4-3-16 without EAGLE3 (32 tokens in 1 ms) by the
+    # geometric model; the gate's own curve says only their first 2 tokens are sure and the rest never
+    # accepted: every speculating tier then expects 2 + 2 * 2, and of equals the first mode (off, then 1-3-4
+    # without EAGLE3 at 1 ms) wins: 1-3-4/cache, its 3-token chains
+    rule = cost_rule(verify=(1.0, 0.0, 0.0, 0.0), eagle3=(1.0, 0.0, 0.0, 0.0))
+    long = list(range(20, 35))
+    survival = [[1.0, 1.0] + [0.0] * 13] * 2
+    plan = decide(CurveGate([15.0, 15.0], survival), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule)
+    assert plan.tier == Tier.parse("1-3-4") and plan.eagle3 is False
+    assert plan.expected_tokens == pytest.approx(6.0) and plan.predicted.tolist() == [15.0, 15.0]
+    assert [plan.plan(i) for i in range(2)] == [RowPlan(3, 0), RowPlan(3, 0)]
+    # a curve of nan or the wrong rows is a bad scorer: raised (replay, training) or, serving, EAGLE3's fallback
+    with pytest.raises(ValueError, match=r"survival curve of shape \(1, 15\)"):
+        decide(CurveGate([15.0, 15.0], survival[:1]), drafts(long, long), states(2), SHAPE, DecisionRule(), step=rule)
+    plan = decide(CurveGate([15.0, 15.0], [[np.nan] * 15] * 2), drafts(long, long), states(2), SHAPE,
+                  DecisionRule(), step=rule, fallback=True)
+    assert "non-finite" in str(plan.gate_error) and plan.tier == Tier(SHAPE)
+
+
 def test_no_draft_and_an_eagle3_curve_of_one_token_pick_no_speculation():
     # 1 ms a forward plus 0.01 ms a query token: off 1.02 ms, 1-3-4 1.08, 4-3-16 1.32, and nothing emits more than
     # the bonus token

@@ -94,6 +94,60 @@ def test_a_failed_parity_check_writes_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "g").exists() and os.listdir(tmp_path) == []
 
 
+def _curve_model(width=4):
+    from sglang_hvd.predictor.mlp import CurveLabels
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(400, len(FEATURE_NAMES))).astype(np.float32)
+    chain = np.minimum(np.abs(x[:, 0]) * 3, 6).astype(np.int64)  # the chain's accepted length
+    lens = np.full(400, 6)
+    fit = train_mlp(x[:300], chain[:300].astype(np.float32), x[300:], chain[300:].astype(np.float32),
+                    TrainConfig(hidden=(16, 16), max_epochs=3), width, CurveLabels(chain[:300], lens[:300]),
+                    CurveLabels(chain[300:], lens[300:]))
+    return fit, x
+
+
+def test_a_gate_with_a_payoff_curve_exports_both_outputs_with_parity_and_serves_them(tmp_path):
+    import dataclasses
+
+    fit, x = _curve_model(width=4)
+    model = fit.model
+    assert model.curve_width == 4 and len(fit.validation_loss) == fit.epochs
+    # the survival terms are part of the loss early stopping watches: above the MSE alone
+    assert all(loss > mse for loss, mse in zip(fit.validation_loss, fit.validation_mse))
+    spec = dataclasses.replace(_spec(), payoff_curve=4)
+    diff = write_gate_dir(str(tmp_path / "g"), model, spec, np.zeros(10, dtype=np.uint16), x[:100])
+    assert diff <= 1e-4
+    assert json.loads((tmp_path / "g" / "gate.json").read_text())["payoff_curve"] == 4
+    gate = Gate(str(tmp_path / "g"))
+    pred, survival = gate.predict_curve(x)
+    with torch.no_grad():
+        xt = torch.from_numpy(x)
+        want_pred, want_survival = model(xt).numpy(), model.survival(xt).numpy()
+    assert gate.curve_width == 4 and pred.shape == (400,) and survival.shape == (400, 4)
+    assert np.max(np.abs(pred - want_pred)) <= 1e-4 and np.max(np.abs(survival - want_survival)) <= 1e-4
+    assert np.array_equal(gate.predict(x), pred)  # the one value, as a gate without a curve gives it
+    # a gate.json that promises a curve the graph lacks, or the reverse, or a bad width: refused at load
+    plain_model, _ = _tiny_model()
+    write_gate_dir(str(tmp_path / "plain"), plain_model, spec, np.zeros(10, dtype=np.uint16), x[:10])
+    with pytest.raises(GateError, match=r"outputs \['accept_len', 'accept_survival'\] \(gate.json payoff_curve 4\), "
+                                        r"got \['accept_len'\]"):
+        Gate(str(tmp_path / "plain"))
+    for bad, message in ((0, r"outputs \['accept_len'\] \(gate.json payoff_curve 0\), got \['accept_len', "
+                             r"'accept_survival'\]"),
+                         (-1, r"bad 'payoff_curve' \(a number of widths >= 0 expected, got -1\)")):
+        data = json.loads((tmp_path / "g" / "gate.json").read_text())
+        data["payoff_curve"] = bad
+        (tmp_path / "g" / "gate.json").write_text(json.dumps(data))
+        with pytest.raises(GateError, match=message):
+            Gate(str(tmp_path / "g"))
+    # a gate written before payoff curves reads as one without (the geometric model)
+    data = json.loads((tmp_path / "plain" / "gate.json").read_text())
+    del data["payoff_curve"]
+    (tmp_path / "plain" / "gate.json").write_text(json.dumps(data))
+    assert Gate(str(tmp_path / "plain")).predict_curve(x[:3])[1] is None
+
+
 def test_bad_gates_are_refused_at_load_time_with_the_reason(tmp_path):
     model, x = _tiny_model()
     good = tmp_path / "good"
@@ -232,6 +286,9 @@ def test_training_labels_are_the_payoff_of_the_row_the_decision_verifies():
     tree = build_dataset([r], "python", cfg, flags, positions="serving", model=model, siblings=4)
     # the first rows: the four behaviour policies' views of position 0
     assert chain.accept_len[:4].tolist() == [0, 0, 0, 0] and tree.accept_len[:4].tolist() == [2, 2, 2, 2]
+    # the payoff curve learns the chain's own accepted length, whatever the row adds
+    assert chain.chain_accept[:4].tolist() == [0, 0, 0, 0] and tree.chain_accept[:4].tolist() == [0, 0, 0, 0]
+    assert np.all(tree.chain_accept <= tree.accept_len) and np.array_equal(chain.chain_accept, chain.accept_len)
     with pytest.raises(ValueError, match="with --positions dense pass --cache-siblings 0"):
         build_dataset([r], "python", cfg, flags, positions="dense", model=model, siblings=4)
 

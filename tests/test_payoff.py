@@ -13,6 +13,21 @@ def payoff(predicted, lens, cap: int) -> Payoff:
     return Payoff(np.array(predicted, dtype=np.float64), np.array(lens, dtype=np.int64), cap)
 
 
+def test_a_learned_curve_is_made_non_increasing_cut_at_the_draft_and_summed():
+    # row 0: s = .9 .5 .7 .2 -> .9 .5 .5 .2 (a running minimum), a 3-token draft keeps .9 .5 .5;
+    # row 1: W = 4 of a 6-token draft, nothing past W; row 2: no draft
+    survival = np.array([[0.9, 0.5, 0.7, 0.2], [0.4, 0.4, 0.4, 0.4], [0.8, 0.8, 0.8, 0.8]])
+    p = Payoff(np.full(3, np.nan), np.array([3, 6, 0]), 15, widest=6, survival=survival)
+    assert p.first_hit.tolist() == pytest.approx([0.9, 0.4, 0.0])
+    table = np.array([p.accepted(m) for m in range(8)])  # past widest: the value at widest
+    assert table[:, 0].tolist() == pytest.approx([0, 0.9, 1.4, 1.9, 1.9, 1.9, 1.9, 1.9])
+    assert table[:, 1].tolist() == pytest.approx([0, 0.4, 0.8, 1.2, 1.6, 1.6, 1.6, 1.6])
+    assert table[:, 2].tolist() == [0.0] * 8
+    assert p.by_width(3)[:, 0].tolist() == pytest.approx([0.9, 1.4, 1.9])
+    with pytest.raises(ValueError, match="survival curve of 3 rows for 2 drafts"):
+        Payoff(np.zeros(2), np.array([3, 3]), 15, survival=survival)
+
+
 def test_a_prediction_of_0_accepts_nothing_at_any_width():
     p = payoff([0.0], [5], cap=15)
     assert p.first_hit.tolist() == [0.0]
