@@ -342,3 +342,16 @@ def test_a_gates_digest_names_its_content_not_its_path(tmp_path):
     assert Gate(str(b)).digest != digest  # a retrained / recalibrated gate
     np.save(b / "token_flags.npy", np.ones(10, dtype=np.uint16))
     assert Gate(str(b)).digest != digest
+
+
+def test_train_learns_a_payoff_curve_unless_told_geometric():
+    from sglang_hvd.predictor.mlp import TrainConfig
+    from sglang_hvd.predictor.pipeline import TrainOptions
+    from sglang_hvd.predictor.train_cli import _options, build_parser
+
+    def options(*flags):
+        return _options(build_parser().parse_args(["t.jsonl", "--tokenizer", "qwen3", "-o", "g", *flags]),
+                        TrainConfig, TrainOptions)
+
+    assert options().payoff_curve is True and options("--payoff", "curve").payoff_curve is True
+    assert options("--payoff", "geometric").payoff_curve is False
