@@ -29,7 +29,8 @@ def faulty_gate(good: str, where: str, *, works_only_at: int | None = None, fail
     path = os.path.join(where, "gate.onnx")
     model = onnx.load(path)
     g = model.graph
-    g.node[-1].output[0] = "pre_fault"
+    node = next(n for n in g.node if "accept_len" in n.output)  # (a gate with a payoff curve ends in its Sigmoid)
+    node.output[list(node.output).index("accept_len")] = "pre_fault"
     i64 = lambda name, v: g.initializer.append(numpy_helper.from_array(np.array(v, dtype=np.int64), name))  # noqa: E731
     if works_only_at is not None:
         i64("fault_shape", [works_only_at])

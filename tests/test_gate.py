@@ -141,6 +141,16 @@ def test_a_gate_with_a_payoff_curve_exports_both_outputs_with_parity_and_serves_
         (tmp_path / "g" / "gate.json").write_text(json.dumps(data))
         with pytest.raises(GateError, match=message):
             Gate(str(tmp_path / "g"))
+    # the harness's faulty gate breaks the accept_len output of a curve gate too: it loads, then fails but at batch 2
+    from sglang_hvd.harness.faults import faulty_gate
+
+    data = json.loads((tmp_path / "g" / "gate.json").read_text())
+    data["payoff_curve"] = 4
+    (tmp_path / "g" / "gate.json").write_text(json.dumps(data))
+    broken = Gate(faulty_gate(str(tmp_path / "g"), str(tmp_path / "broken"), works_only_at=2))
+    assert broken.predict_curve(x[:2])[1].shape == (2, 4)
+    with pytest.raises(Exception, match="Reshape"):
+        broken.predict_curve(x[:3])
     # a gate written before payoff curves reads as one without (the geometric model)
     data = json.loads((tmp_path / "plain" / "gate.json").read_text())
     del data["payoff_curve"]

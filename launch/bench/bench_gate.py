@@ -5,9 +5,10 @@
 Collects real feature rows (cache drafts of the traces, with their request histories
 and, where the gate serves cache siblings, the row trees its tree features describe),
 then times, per call on one core: features for a batch of B rows, and one onnxruntime
-call on B rows (median and p99 over many calls), each batch packed beforehand as the
-drafter hands it over (DraftBatch, StateBatch, RowTreeBatch). Targets: features <= 200
-us and inference <= 30 us for a batch of 32.
+call on B rows (both outputs of a gate with a payoff curve, as a server asks them;
+median and p99 over many calls), each batch packed beforehand as the drafter hands it
+over (DraftBatch, StateBatch, RowTreeBatch). Targets: features <= 200 us and inference
+<= 30 us for a batch of 32.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         x = gate.extractor.features(drafts, states, trees)
         feat_us.append((time.perf_counter_ns() - t) / 1e3)
         t = time.perf_counter_ns()
-        gate.predict(x)
+        gate.predict_curve(x)
         infer_us.append((time.perf_counter_ns() - t) / 1e3)
     h = RequestHistory()
     for _ in range(args.calls):
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
 
     with_siblings = sum(len(row) > len(draft) for draft, _, row in rows)
     print(f"{len(rows)} real rows ({with_siblings} with siblings); batch {args.batch}; "
-          "onnxruntime on 1 intra-op thread")
+          f"onnxruntime on 1 intra-op thread; payoff curve of {gate.curve_width} widths")
     print(f"features (extractor)      : {q(feat_us)}")
     print(f"history snapshots (x{args.batch})  : {q(history_us)}")
     print(f"gate inference (1 call)   : {q(infer_us)}")
