@@ -453,8 +453,10 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             step = self.hvd.step
             gate["mode_names"] = [m.name for m in step.modes] if isinstance(step, CostRule) else []
             if isinstance(step, CostRule):  # the profile and the EAGLE3 curve the decision values tiers by
+                width = getattr(self.hvd.gate, "curve_width", 0)  # how the rule prices a row's widths (payoff.py)
                 gate.update(profile=step.profile.name, profile_kind=step.profile.kind,
-                            eagle3_curve=step.eagle3_curve.text())
+                            eagle3_curve=step.eagle3_curve.text(),
+                            payoff_model=f"curve of {width} widths" if width else "geometric")
             if self._hvd_refiner is not None:  # the profile in use and its error on the newest steps
                 gate.update(self._hvd_refiner.summary())
             # predicted against realized payoff per source bucket (None: no online calibration)

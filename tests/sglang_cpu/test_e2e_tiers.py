@@ -122,6 +122,7 @@ def test_the_tier_cycle_runs_every_mode_and_skips_eagle3s_draft_on_cache_only_st
 def test_a_profile_where_verifying_costs_more_than_it_yields_picks_no_speculation(runs):
     hvd = runs["cost_off"]["hvd"]
     assert hvd["tier_rule"] == "cost" and hvd["profile"] == "expensive-verify" and hvd["profile_kind"] == "measured"
+    assert hvd["payoff_model"] == "curve of 3 widths", hvd  # the 1-3-4 gate's own payoff curve (hvd train's default)
     assert hvd["modes"] == {"off": hvd["steps"]} and hvd["steps"] > 0
     assert hvd["cache_rows"] == 0 and hvd["plain_rows"] == hvd["rows"]
     # the server timed its steps: what no profile term times (SGLang's scheduler around the forwards) is there,
