@@ -453,7 +453,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
             step = self.hvd.step
             gate["mode_names"] = [m.name for m in step.modes] if isinstance(step, CostRule) else []
             if isinstance(step, CostRule):  # the profile and the EAGLE3 curve the decision values tiers by
-                width = getattr(self.hvd.gate, "curve_width", 0)  # how the rule prices a row's widths (payoff.py)
+                width = self.hvd.gate.curve_width  # how the rule prices a row's widths (payoff.py)
                 gate.update(profile=step.profile.name, profile_kind=step.profile.kind,
                             eagle3_curve=step.eagle3_curve.text(),
                             payoff_model=f"curve of {width} widths" if width else "geometric")

@@ -119,12 +119,10 @@ def predictions(scorer: Scorer, drafts: DraftBatch, states: StateBatch,
                 trees: RowTreeBatch | None) -> tuple[np.ndarray, np.ndarray | None]:
     """The scorer's value per row ``[B]`` float64 (raises on a bad scorer): a learned gate's
     predicted accept_len (float32 from onnxruntime, exact in float64), the score rule's
-    draft scores; and, from a scorer with ``predict_curve`` (gate.Gate) whose gate learned
-    one, each row's survival ``[B, W]`` (payoff.py; else None), from the same run."""
+    draft scores; and, where the scorer learned one (a gate's payoff curve), each row's
+    survival ``[B, W]`` (payoff.py; else None), from the same run."""
     b = len(drafts)
-    features = scorer.extractor.features(drafts, states, trees)
-    curve = getattr(scorer, "predict_curve", None)
-    value, survival = curve(features) if curve is not None else (scorer.predict(features), None)
+    value, survival = scorer.predict_curve(scorer.extractor.features(drafts, states, trees))
     pred = np.asarray(value, dtype=np.float64)
     if pred.shape != (b,) or not np.all(np.isfinite(pred)):
         raise ValueError(f"scorer returned shape {pred.shape} / non-finite values for a batch of {b}")

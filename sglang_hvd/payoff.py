@@ -86,11 +86,12 @@ class Payoff:
         self._accepted = acc
 
     def _of_survival(self, survival: np.ndarray, lens: np.ndarray, width: int) -> None:
-        """The learned curve: s_k made non-increasing (nan: 0), 0 past a row's draft and past W."""
+        """The learned curve (finite, in [0, 1]: a gate's sigmoid; decision.predictions refuses
+        non-finite values): s_k made non-increasing, 0 past a row's draft and past W."""
         b, w = survival.shape
         if b != len(lens):
             raise ValueError(f"survival curve of {b} rows for {len(lens)} drafts")
-        s = np.minimum.accumulate(np.nan_to_num(np.clip(survival, 0.0, 1.0), nan=0.0), axis=1)
+        s = np.minimum.accumulate(survival, axis=1)
         acc = np.zeros((width + 1, b))
         k = min(width, w)
         if k:

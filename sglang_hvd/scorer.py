@@ -57,6 +57,21 @@ class Scorer(Protocol):
 
     def predict(self, features: np.ndarray) -> np.ndarray: ...
 
+    def predict_curve(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``predict``'s values and, from the same run, each row's payoff curve ``[B, W]``
+        (payoff.py; None from a scorer that learned none: the decision prices widths by the
+        geometric model). What decision.decide asks."""
+        ...
+
+
+class WithoutCurve:
+    """A scorer that learned no payoff curve: ``predict_curve`` is ``predict``'s values and None."""
+
+    curve_width = 0
+
+    def predict_curve(self, features: np.ndarray) -> tuple[np.ndarray, None]:
+        return self.predict(features), None
+
 
 @runtime_checkable
 class ServedScorer(Scorer, Protocol):
@@ -65,6 +80,7 @@ class ServedScorer(Scorer, Protocol):
     spec: GateSpec
     rule: DecisionRule
     digest: str  # a hash of the gate's content (gate.gate_digest)
+    curve_width: int  # widths of its payoff curve (0: none; /server_info payoff_model)
     gate_dir: str
 
     @property
@@ -79,7 +95,7 @@ class ServedScorer(Scorer, Protocol):
     def verify_model(self) -> VerifyModel: ...
 
 
-class ScoreRule:
+class ScoreRule(WithoutCurve):
     """The score rule in the gate's place: a row verifies its cache draft when the draft's
     score is at least ``min_score``; the rows are built as the gate's would be (its verify
     shape, drafter settings and EAGLE3 reserve). ``min_score`` None: the gate's calibrated

@@ -15,6 +15,7 @@ from sglang_hvd.drafter.batch import DraftBatch
 from sglang_hvd.drafter.protocol import Draft
 from sglang_hvd.features import FeatureExtractor
 from sglang_hvd.request_state import RequestState
+from sglang_hvd.scorer import WithoutCurve
 from sglang_hvd.serving.stepper import HVDStepper
 from sglang_hvd.verify import RowPlan, VerifyShape
 
@@ -80,7 +81,7 @@ def test_bad_settings_are_refused(kwargs, message):
         CalibrationConfig(**kwargs)
 
 
-class Doubtful:  # a gate that always predicts 0.4 accepted tokens: below the threshold
+class Doubtful(WithoutCurve):  # a gate that always predicts 0.4 accepted tokens: below the threshold
     rule = DecisionRule(threshold=1.0)
     reads_trees = False
 

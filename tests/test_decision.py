@@ -11,11 +11,11 @@ from sglang_hvd.drafter.batch import DraftBatch
 from sglang_hvd.drafter.protocol import Draft
 from sglang_hvd.features import FeatureExtractor
 from sglang_hvd.request_state import RequestState
-from sglang_hvd.scorer import Scorer
+from sglang_hvd.scorer import Scorer, WithoutCurve
 from sglang_hvd.verify import RowPlan, VerifyShape
 
 
-class ListGate:
+class ListGate(WithoutCurve):
     """A scorer predicting the given accept lengths, one per row (in row order)."""
 
     reads_trees = False

@@ -20,7 +20,7 @@ from sglang_hvd.replay.fleet import serve_fleet
 from sglang_hvd.replay.policies import GatePolicy, RulePolicy
 from sglang_hvd.replay.simulate import simulate
 from sglang_hvd.request_state import RequestState
-from sglang_hvd.scorer import ScoreRule
+from sglang_hvd.scorer import ScoreRule, WithoutCurve
 from sglang_hvd.serving.config import HVDServingConfig
 from sglang_hvd.serving.recorder import TraceRecorder
 from sglang_hvd.serving.stepper import HVDStepper
@@ -64,7 +64,7 @@ def test_bad_environment_is_named(env, message):
         HVDServingConfig.from_env(env)
 
 
-class FailingGate:
+class FailingGate(WithoutCurve):
     reads_trees = False
 
     def __init__(self, real):
@@ -230,7 +230,7 @@ def test_a_stop_inside_an_accepted_run_is_recorded_consistently(tmp_path):
     assert not d.use_cache[0] and d.plan(0) == RowPlan(0, 3)
 
 
-class Sure:  # a gate that always predicts a long accepted run
+class Sure(WithoutCurve):  # a gate that always predicts a long accepted run
     rule = DecisionRule(threshold=1.0, eagle_reserve=3)
     reads_trees = False
 

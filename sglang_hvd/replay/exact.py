@@ -27,11 +27,12 @@ from ..decision import BatchPlan, DecisionRule
 from ..drafter.batch import DraftBatch, RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..request_state import StateBatch
+from ..scorer import WithoutCurve
 from ..serving.stepper import HVDStepper
 from ..verify import MAX_TREE_NODES, VerifyShape
 
 
-class TruthScorer:
+class TruthScorer(WithoutCurve):
     """A scorer (scorer.Scorer) whose value per row is the true accepted length of its cache
     chain: ``rows`` (set before each batch) holds what each row's recording emits next."""
 
