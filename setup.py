@@ -19,6 +19,8 @@ native = Pybind11Extension(
         "sglang_hvd/drafter/native/request_state.hpp",
         "sglang_hvd/drafter/native/reaper.hpp",
         "sglang_hvd/drafter/native/features.hpp",
+        "sglang_hvd/drafter/native/pairwise_sum.hpp",
+        "sglang_hvd/drafter/native/choose_mode.hpp",
     ],
     cxx_std=17,
     extra_compile_args=["-O3"],

@@ -10,8 +10,10 @@ expected tokens from the gate's payoff per row (payoff.py) and EAGLE3's curve
 (verify.Eagle3Curve), the time from the step-time profile (step_profile.py: the verify
 at the tier's width, EAGLE3's draft forwards when drafted, its extend, HVD's host time).
 ``mode_rows`` defines a mode's rows and tokens one mode at a time (the reference);
-``choose_mode`` computes every mode at once with the same arithmetic (a test holds them
-equal), since it runs on the serving hot path.
+``choose_mode`` computes every mode at once with the same arithmetic, since it runs on the
+serving hot path: in one native call where the drafter's extension is built
+(drafter/native/choose_mode.hpp), else in numpy (``_choose_mode_numpy``, the reference);
+tests hold the three equal.
 
 Worked example (one row, a 4-token cache draft the gate expects to accept 3 of at 15
 nodes, tiers off and 4-3-16): at ``off`` the step emits 1 token; at ``4-3-16/cache`` (no
@@ -26,7 +28,8 @@ import dataclasses
 
 import numpy as np
 
-from .payoff import Payoff
+from .drafter.native_drafter import _native
+from .payoff import _INVERSE, Payoff
 from .request_control import CACHE, EAGLE3, OFF, any_control
 from .step_profile import EXTEND_EVERY_STEP, StepProfile
 from .tiers import Tier, eagle3_cap
@@ -253,6 +256,19 @@ def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, eagle_r
     expects the step to emit (the stepper sets them beside the emitted). ``predicted``: the
     gate's accept_len, trained at ``cap`` nodes; ``control``: the rows' per-request controls
     (``mode_rows``), or None; ``survival``: the gate's own payoff curve (payoff.py), or None."""
+    if _native is not None and not cost.exact:
+        best, rows, expected, per_row = _native.choose_mode(
+            predicted, lens, survival, cap, _INVERSE, control if any_control(control) else None, eagle_reserve,
+            cost.nodes, cost.kinds, cost.floor, cost.step_ms(len(lens), context_tokens), cost.tree_modes,
+            cost.tree_beside)
+        return cost.modes[best], rows, expected, eagle_reserve if per_row is None else per_row
+    return _choose_mode_numpy(cost, predicted, lens, eagle_reserve, context_tokens, cap, control, survival)
+
+
+def _choose_mode_numpy(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, eagle_reserve: int,
+                       context_tokens: float, cap: int, control: np.ndarray | None = None,
+                       survival: np.ndarray | None = None) -> tuple[StepMode, np.ndarray, float, int | np.ndarray]:
+    """``choose_mode`` in numpy: the reference of the native kernel, and the path without it."""
     widest = int(cost.nodes.max())
     payoff = Payoff.exact(predicted, lens, widest) if cost.exact else Payoff(predicted, lens, cap, widest, survival)
     every = _all_modes(cost, payoff, lens, eagle_reserve, control)

@@ -90,8 +90,9 @@ class FeatureExtractor:
         decision.described), None for chain rows (no siblings).
 
         Every value is computed in float64 and rounded once to float32. Where the drafter's
-        extension is built, one native call (drafter/native/features.hpp) computes all but
-        the tree group; ``_numpy_columns`` is the reference it equals (tests/test_features.py).
+        extension is built, two native calls (drafter/native/features.hpp) compute them: all
+        but the tree group, then the tree group; ``_numpy_columns`` and ``tree_features`` are
+        the references they equal (tests/test_features.py).
         """
         lens = drafts.lengths
         b = len(lens)
@@ -105,7 +106,11 @@ class FeatureExtractor:
                                   self.flag_table, self.budgets)
         else:
             self._numpy_columns(drafts, states, out)
-        if trees is not None:
+        if trees is None:
+            return out
+        if _native is not None:  # tree_features natively (drafter/native/features.hpp), in place
+            _native.tree_features(out, out.shape[1] - _NUM_TREE, trees.parents, trees.probs, lens, trees.lengths)
+        else:
             out[:, -_NUM_TREE:] = tree_features(trees, lens, trees.lengths)
         return out
 

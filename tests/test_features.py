@@ -192,6 +192,34 @@ def test_tree_features_match_a_node_by_node_count_on_random_rows():
         assert got[i].tolist() == pytest.approx(want, rel=1e-6), i
 
 
+def test_native_tree_features_equal_the_numpy_reference_bit_for_bit():
+    """drafter/native/features.hpp's tree group against tree_features on random row trees:
+    every width the decision uses (a chain of 1 node to 63), chains longer than the row,
+    rows cut anywhere; and a parent out of range is refused, not read."""
+    from sglang_hvd.drafter.native_drafter import _native
+
+    if _native is None:
+        pytest.skip("the native extension is not built")
+    rng = np.random.default_rng(5)
+    for w in (1, 2, 8, 15, 16, 63):
+        b = 40
+        parents = np.full((b, w), -1, dtype=np.int32)
+        for j in range(1, w):
+            parents[:, j] = rng.integers(-1, j, size=b)
+        probs = rng.random((b, w)) * (rng.random((b, w)) < 0.8)
+        lengths = rng.integers(0, w + 1, size=b).astype(np.int32)
+        chain_lens = rng.integers(0, w + 3, size=b).astype(np.int32)
+        trees = RowTreeBatch(np.zeros((b, w), np.int32), parents, probs, lengths)
+        out = np.full((b, 9), 7.0, dtype=np.float32)
+        _native.tree_features(out, 3, parents, probs, chain_lens, lengths)
+        want = tree_features(trees, chain_lens, lengths)
+        assert np.array_equal(out[:, 3:8], want), w
+        assert (out[:, :3] == 7.0).all() and (out[:, 8] == 7.0).all()  # the other columns untouched
+    parents[0, 1] = w  # past the row
+    with pytest.raises(ValueError, match="parent out of range"):
+        _native.tree_features(out, 0, parents, probs, chain_lens, lengths)
+
+
 def _native_and_reference(ex: FeatureExtractor, drafts, states) -> tuple[np.ndarray, np.ndarray]:
     got = ex.features(drafts, states)
     want = np.zeros_like(got)

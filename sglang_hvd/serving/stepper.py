@@ -25,7 +25,7 @@ from ..calibration import CalibrationInput, OnlineCalibration
 from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, decide, described
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
-from ..drafter.row_tree import branch, chain_parents, row_path
+from ..drafter.row_tree import branch, row_path
 from ..request_control import AUTO, FIGURES, figures
 from ..request_state import new_request_state
 from ..scorer import ServedScorer
@@ -43,7 +43,7 @@ class _Step:
     """A plan's decisions as its rows' verifies read them: the BatchPlan, and its per-row
     counts as lists (made once per step, not once per row)."""
 
-    __slots__ = ("plans", "cache_lens", "eagle_nodes", "eagle3_cap", "mode")
+    __slots__ = ("plans", "cache_lens", "eagle_nodes", "eagle3_cap", "mode", "chain", "first")
 
     def __init__(self, plans: BatchPlan, eagle3_cap: int, mode: str | None = None):
         self.plans = plans
@@ -51,6 +51,15 @@ class _Step:
         self.cache_lens: list[int] = plans.cache_lens.tolist()
         self.eagle_nodes: list[int] = plans.eagle_nodes.tolist()
         self.eagle3_cap = eagle3_cap  # the EAGLE3 nodes the step's depth is valued at (tiers.eagle3_cap)
+        # per row: whether its cache branch is a chain (its verified nodes' parents -1, 0, 1, ...), and its first node
+        parents = plans.cache_parents
+        n = parents.shape[1]
+        if n:
+            cols = np.arange(n)
+            self.chain: list[bool] = ((parents == cols - 1) | (cols >= plans.cache_lens[:, None])).all(axis=1).tolist()
+            self.first: list[int] = plans.cache_tokens[:, 0].tolist()
+        else:  # the off tier: no cache nodes
+            self.chain, self.first = [True] * len(self.cache_lens), [-1] * len(self.cache_lens)
 
 
 class _Verify:
@@ -391,15 +400,15 @@ class HVDStepper:
         own["cache_rows"] += 1
         stats.two_branch_rows += v.step.eagle_nodes[v.row] > 0
         plans = v.step.plans
-        tokens = plans.cache_tokens[v.row, :cache].tolist()
-        parents = tuple(plans.cache_parents[v.row, :cache].tolist())
-        emitted = st.output[v.pos : v.pos + a]
-        if parents == chain_parents(cache):
+        if v.step.chain[v.row]:
             # a chain: the verify took the cache branch exactly when its first token was emitted
-            won = a == 0 or (len(emitted) > 0 and emitted[0] == tokens[0])
+            out = st.output
+            won = a == 0 or (len(out) > v.pos and out[v.pos] == v.step.first[v.row])
             path = None
         else:
-            path = row_path(tokens, parents, emitted)
+            tokens = plans.cache_tokens[v.row, :cache].tolist()
+            parents = tuple(plans.cache_parents[v.row, :cache].tolist())
+            path = row_path(tokens, parents, st.output[v.pos : v.pos + a])
             stats.tree_rows += 1
             stats.sibling_wins += path != tuple(range(len(path)))
             won = a == 0 or len(path) > 0
@@ -408,7 +417,8 @@ class HVDStepper:
             own["cache_accepted"] += a
             if record:
                 # a tree row is recorded as the branch the output took (its LCP with the output is the path)
-                draft = tuple(tokens) if path is None else branch(tokens, parents, path)
+                draft = (tuple(plans.cache_tokens[v.row, :cache].tolist()) if path is None
+                         else branch(tokens, parents, path))
                 st.steps.append(TraceStep(pos=v.pos, src="cache", draft=draft, accept_len=min(a, len(draft))))
         else:
             stats.eagle3_branch_wins += 1
@@ -416,6 +426,7 @@ class HVDStepper:
             own["eagle3_verifies"] += 1
             own["eagle3_accepted"] += a
             if record:
+                emitted = st.output[v.pos : v.pos + a]
                 st.steps.append(TraceStep(pos=v.pos, src="eagle3", draft=tuple(emitted), accept_len=len(emitted)))
 
     def summary(self) -> dict[str, float]:

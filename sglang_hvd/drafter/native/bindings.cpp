@@ -1,11 +1,14 @@
 // Python bindings of the native drafter (pybind11). Batch calls release the GIL and
 // return numpy arrays: no per-token Python objects on the serving path. The native
-// decision state (request_state.hpp) and the gate's features (features.hpp) are bound
-// here too: one extension, one build.
+// decision state (request_state.hpp), the gate's features (features.hpp) and the cost
+// rule's pick (choose_mode.hpp) are bound here too: one extension, one build.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
+#include "choose_mode.hpp"
 #include "features.hpp"
 #include "request_state.hpp"
 #include "suffix_drafter.hpp"
@@ -247,6 +250,79 @@ PYBIND11_MODULE(_native, m) {
               const int64_t cols = out.shape(1);
               py::gil_scoped_release nogil;
               hvd::gate_features(in, o, cols);
+          });
+
+    // features.tree_features: the tree group into out[:, col : col + 5], in place.
+    m.def("tree_features", [](py::array out, int64_t col, I32 parents, F64 probs, I32 chain_lens, I32 num_nodes) {
+        if (!out.dtype().is(py::dtype::of<float>()) || !(out.flags() & py::array::c_style) || !out.writeable() ||
+            out.ndim() != 2)
+            throw std::invalid_argument("tree_features: out must be a writeable C-contiguous 2-d float32 array");
+        const py::ssize_t b = out.shape(0);
+        if (parents.ndim() != 2 || probs.ndim() != 2 || parents.shape(0) != b || probs.shape(0) != b ||
+            probs.shape(1) != parents.shape(1) || chain_lens.ndim() != 1 || chain_lens.shape(0) != b ||
+            num_nodes.ndim() != 1 || num_nodes.shape(0) != b || col < 0 || col + 5 > out.shape(1))
+            throw std::invalid_argument("tree_features: arrays of mismatched shapes");
+        const int64_t w = parents.shape(1);
+        const int32_t* par = parents.data();
+        for (py::ssize_t k = 0; k < b * w; ++k)
+            if (par[k] < -1 || par[k] >= w) throw std::invalid_argument("tree_features: a parent out of range");
+        float* o = static_cast<float*>(out.mutable_data());
+        const int64_t cols = out.shape(1);
+        py::gil_scoped_release nogil;
+        hvd::tree_features(b, w, par, probs.data(), chain_lens.data(), num_nodes.data(), o, cols, col);
+    });
+
+    // cost_rule.choose_mode: (mode index, rows [B] bool, expected tokens, reserve [B] int32 or None).
+    using I8 = py::array_t<int8_t, py::array::c_style | py::array::forcecast>;
+    m.def("choose_mode",
+          [](F64 predicted, I32 lens, std::optional<F64> survival, int64_t cap, F64 inverse,
+             std::optional<I8> control, int64_t eagle_reserve, I64 nodes, I64 kinds, F64 floor, F64 step_ms,
+             I64 tree_modes, F64 tree_beside) {
+              const py::ssize_t b = lens.shape(0), modes = nodes.shape(0);
+              if (lens.ndim() != 1 || predicted.ndim() != 1 || predicted.shape(0) != b || kinds.shape(0) != modes ||
+                  floor.shape(0) != modes || step_ms.shape(0) != modes || modes < 1 || inverse.ndim() != 2 ||
+                  inverse.shape(1) < 2 || tree_beside.ndim() != 2 || tree_beside.shape(0) != tree_modes.shape(0) ||
+                  (survival && (survival->ndim() != 2 || survival->shape(0) != b)) ||
+                  (control && (control->ndim() != 1 || control->shape(0) != b)))
+                  throw std::invalid_argument("choose_mode: arrays of mismatched shapes");
+              hvd::ModeInputs in;
+              in.b = b;
+              in.predicted = predicted.data();
+              in.lens = lens.data();
+              if (survival) {
+                  in.survival = survival->data();
+                  in.survival_width = survival->shape(1);
+              }
+              in.cap = cap;
+              in.inverse = inverse.data();
+              in.max_nodes = inverse.shape(0) - 1;
+              in.fractions = inverse.shape(1) - 1;
+              in.control = control ? control->data() : nullptr;
+              in.eagle_reserve = eagle_reserve;
+              in.modes = modes;
+              in.nodes = nodes.data();
+              in.kinds = kinds.data();
+              in.floor = floor.data();
+              in.step_ms = step_ms.data();
+              in.tree_modes = tree_modes.data();
+              in.tree = tree_modes.shape(0);
+              in.tree_beside = tree_beside.data();
+              in.beside = tree_beside.shape(1);
+              for (py::ssize_t t = 0; t < in.tree; ++t)
+                  if (in.tree_modes[t] < 0 || in.tree_modes[t] >= modes || in.nodes[in.tree_modes[t]] > in.beside)
+                      throw std::invalid_argument("choose_mode: a tree mode out of range");
+              for (py::ssize_t k = 0; k < modes; ++k)
+                  if (in.nodes[k] < 0 || in.nodes[k] > in.max_nodes)
+                      throw std::invalid_argument("choose_mode: a mode's nodes out of range");
+              py::array_t<bool> rows(b);
+              py::array_t<int32_t> reserve(b);
+              hvd::ModePick pick;
+              {
+                  py::gil_scoped_release nogil;
+                  pick = hvd::choose_mode(in, reinterpret_cast<uint8_t*>(rows.mutable_data()), reserve.mutable_data());
+              }
+              py::object per_row = pick.per_row_reserve ? py::object(reserve) : py::object(py::none());
+              return py::make_tuple(pick.mode, rows, pick.expected, per_row);
           });
 
     using hvd::RequestState;

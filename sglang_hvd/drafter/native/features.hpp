@@ -1,13 +1,17 @@
 // The gate's features of a batch, native: the match, position, history and token groups
 // of sglang_hvd/features.py (FeatureExtractor.features, whose numpy path is the reference:
 // the names, the order and the worked examples are there). Every value is computed in
-// double and rounded once to float, as the reference does; the tree group stays in numpy.
-// It shares the drafter's extension so that one build serves both.
+// double and rounded once to float, as the reference does; the tree group (features.tree_features,
+// the reference) by ``tree_features``. It shares the drafter's extension so that one build
+// serves both.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
+
+#include "pairwise_sum.hpp"
 
 namespace hvd {
 
@@ -101,6 +105,41 @@ inline void gate_features(const FeatureInputs& in, float* out, int64_t out_cols)
         }
         const double tail_n = static_cast<double>(std::max<int64_t>(in.tail_lens[i], 1));
         for (int64_t k = 0; k < nf; ++k) tail[k] = static_cast<float>(static_cast<double>(sums[k]) / tail_n);
+    }
+}
+
+// The tree group (features.tree_features, the reference): row i's row tree of w nodes
+// (parents, path probs, row-major), its chain of chain_lens[i] nodes, the first num_nodes[i]
+// nodes verified; five values into out[i * out_cols + col ...]. Sums are numpy's pairwise
+// sums over all w nodes (those off the siblings add 0), so the values are the reference's.
+inline void tree_features(int64_t b, int64_t w, const int32_t* parents, const double* probs, const int32_t* chain_lens,
+                          const int32_t* num_nodes, float* out, int64_t out_cols, int64_t col) {
+    std::vector<double> mass(static_cast<size_t>(w)), root(static_cast<size_t>(w));
+    std::vector<uint8_t> hangs(static_cast<size_t>(w) + 1);
+    for (int64_t i = 0; i < b; ++i) {
+        const int64_t limit = std::min<int64_t>(num_nodes[i], w);
+        const int64_t chain = std::min<int64_t>(chain_lens[i], limit);
+        const int32_t* par = parents + i * w;
+        const double* pr = probs + i * w;
+        double best = 0.0;
+        std::fill(hangs.begin(), hangs.end(), 0);
+        int64_t points = 0;
+        for (int64_t k = 0; k < w; ++k) {
+            const bool sib = chain <= k && k < limit;
+            mass[k] = sib ? pr[k] : 0.0;
+            root[k] = sib && par[k] < 0 ? pr[k] : 0.0;
+            best = std::max(best, mass[k]);
+            if (sib && par[k] < chain && !hangs[par[k] + 1]) {
+                hangs[par[k] + 1] = 1;
+                ++points;
+            }
+        }
+        float* o = out + i * out_cols + col;
+        o[0] = static_cast<float>(limit - chain);
+        o[1] = static_cast<float>(pairwise_sum(mass.data(), w, 1));
+        o[2] = static_cast<float>(pairwise_sum(root.data(), w, 1));
+        o[3] = static_cast<float>(best);
+        o[4] = static_cast<float>(points);
     }
 }
 
