@@ -162,7 +162,7 @@ PYBIND11_MODULE(_native, m) {
                  {
                      py::gil_scoped_release nogil;
                      for (py::ssize_t i = 0; i < b; ++i) {
-                         Draft d = s.speculate(r(i));
+                         const Draft& d = s.speculated(r(i));
                          const py::ssize_t n = static_cast<py::ssize_t>(d.tokens.size());
                          for (py::ssize_t k = 0; k < w; ++k) {
                              T(i, k) = k < n ? d.tokens[k] : -1;

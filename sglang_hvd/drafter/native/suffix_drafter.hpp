@@ -67,7 +67,10 @@ public:
         evict();
     }
 
-    Draft speculate(int64_t req) {
+    Draft speculate(int64_t req) { return speculated(req); }
+
+    // The request's chain draft, as kept for its row tree (valid until the next change or search).
+    const Draft& speculated(int64_t req) {
         Index& own = running(req);
         const Index::Doc& d = own.doc(0);
         int n = static_cast<int>(std::min<int64_t>(d.len, cfg_.max_depth));

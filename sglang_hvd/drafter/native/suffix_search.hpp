@@ -499,6 +499,12 @@ private:
             d->parents.clear();
         } else {
             d = &draft_scratch_;
+            // a walk appends up to max_spec_tokens: room made once, not by doublings on every walk
+            // (a winner's buffers leave with it, so a search's scratch may start empty)
+            const size_t room = static_cast<size_t>(std::max(cfg_.max_spec_tokens, 0));
+            d->tokens.reserve(room);
+            d->probs.reserve(room);
+            d->child_counts.reserve(room);
         }
         d->tokens.clear();
         d->probs.clear();
