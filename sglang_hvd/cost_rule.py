@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from .drafter.native_drafter import _native
-from .payoff import _INVERSE, Payoff
+from .payoff import GEOMETRIC_INVERSE, Payoff
 from .request_control import CACHE, EAGLE3, OFF, any_control
 from .step_profile import EXTEND_EVERY_STEP, StepProfile
 from .tiers import Tier, eagle3_cap
@@ -258,7 +258,7 @@ def choose_mode(cost: CostRule, predicted: np.ndarray, lens: np.ndarray, eagle_r
     (``mode_rows``), or None; ``survival``: the gate's own payoff curve (payoff.py), or None."""
     if _native is not None and not cost.exact:
         best, rows, expected, per_row = _native.choose_mode(
-            predicted, lens, survival, cap, _INVERSE, control if any_control(control) else None, eagle_reserve,
+            predicted, lens, survival, cap, GEOMETRIC_INVERSE, control if any_control(control) else None, eagle_reserve,
             cost.nodes, cost.kinds, cost.floor, cost.step_ms(len(lens), context_tokens), cost.tree_modes,
             cost.tree_beside)
         return cost.modes[best], rows, expected, eagle_reserve if per_row is None else per_row

@@ -41,9 +41,9 @@ _P = np.linspace(0.0, 1.0, 4097)
 # E_D(p) / D on the p grid, for D = 1..MAX_TREE_NODES; increasing in p, 0 at p = 0 and 1 at p = 1
 _E = np.cumsum(_P[None, :] ** np.arange(1, MAX_TREE_NODES + 1)[:, None], axis=0)
 _F = np.linspace(0.0, 1.0, _FRACTIONS + 1)
-# _INVERSE[D, j]: the p with E_D(p) = D * j / _FRACTIONS (row 0: no draft, p = 0)
-_INVERSE = np.vstack([np.zeros(_FRACTIONS + 1)]
-                     + [np.interp(_F, _E[d - 1] / d, _P) for d in range(1, MAX_TREE_NODES + 1)])
+# GEOMETRIC_INVERSE[D, j]: the p with E_D(p) = D * j / _FRACTIONS (row 0: no draft, p = 0)
+GEOMETRIC_INVERSE = np.vstack([np.zeros(_FRACTIONS + 1)]
+                               + [np.interp(_F, _E[d - 1] / d, _P) for d in range(1, MAX_TREE_NODES + 1)])
 
 
 _WIDTHS = np.arange(1, MAX_TREE_NODES + 1)[:, None]
@@ -72,7 +72,7 @@ class Payoff:
         f = np.fmin(np.fmax(pred / np.maximum(d, 1), 0.0), 1.0) * _FRACTIONS
         j = np.minimum(f.astype(np.int64), _FRACTIONS - 1)
         w = f - j
-        p = np.where(d > 0, _INVERSE[d, j] * (1 - w) + _INVERSE[d, j + 1] * w, 0.0)
+        p = np.where(d > 0, GEOMETRIC_INVERSE[d, j] * (1 - w) + GEOMETRIC_INVERSE[d, j + 1] * w, 0.0)
         self.first_hit = p  # P(the draft's first token is accepted), per row (0: no draft)
         # _accepted[m, i] = E_min(m, L_i)(p_i) = p_i + ... + p_i^min(m, L_i), m = 0..width: a row's
         # powers past its draft are 0, so its value stays at its whole draft's

@@ -28,7 +28,7 @@ struct ModeInputs {
     const double* survival = nullptr;   // [b, w] the gate's curve, or null: the geometric model
     int64_t survival_width = 0;
     int64_t cap = 0;                    // the nodes the gate's accept_len was trained at
-    const double* inverse = nullptr;    // payoff._INVERSE [max_nodes + 1, fractions + 1]
+    const double* inverse = nullptr;    // payoff.GEOMETRIC_INVERSE [max_nodes + 1, fractions + 1]
     int64_t fractions = 0;
     int64_t max_nodes = 0;              // verify.MAX_TREE_NODES
     const int8_t* control = nullptr;    // [b] per-request controls, or null: every row auto
