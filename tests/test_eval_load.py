@@ -119,7 +119,7 @@ def test_bad_load_flags_are_refused_before_any_trace_is_read(flags, message, dem
 
 
 def test_policies_pick_what_runs_and_hvd_online_starts_cold(demo_dir, tmp_path, capsys):
-    small_traces(demo_dir, str(tmp_path / "t.jsonl"))
+    records = small_traces(demo_dir, str(tmp_path / "t.jsonl"))
     gate = os.path.join(demo_dir, "gate")
     out = tmp_path / "seq.json"
     assert hvd(["eval", str(tmp_path / "t.jsonl"), "--gate", gate, "--policies", "hvd,hvd_online",
@@ -129,11 +129,16 @@ def test_policies_pick_what_runs_and_hvd_online_starts_cold(demo_dir, tmp_path, 
     assert overall["gate"]["judged"] > 0  # hvd's judgements
     for p in overall["policies"].values():
         assert 0 < p["cycles_per_1k"] <= 1000
+    # outputs cut to 15 tokens: each source (2 requests) judges at most 30 drafts, so no bin of a
+    # cold calibration reaches its 32 labels, whatever the gate predicts: hvd_online plans as hvd does
+    with open(tmp_path / "short.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps({**r, "output_ids": r["output_ids"][:15]}) + "\n")
     out = tmp_path / "load.json"
-    assert hvd(["eval", str(tmp_path / "t.jsonl"), "--gate", gate, "--policies", "hvd@1-3-4,hvd_online@1-3-4",
+    assert hvd(["eval", str(tmp_path / "short.jsonl"), "--gate", gate, "--policies", "hvd@1-3-4,hvd_online@1-3-4",
                 "--concurrency", "2", "--json", str(out)]) == 0
     policies = json.loads(out.read_text())["by_concurrency"]["2"]["policies"]
     assert set(policies) == {"hvd@1-3-4", "hvd_online@1-3-4"}
-    # a few dozen drafts: no bin of a cold calibration reaches 32 labels, so hvd_online plans as hvd does
+    assert policies["hvd@1-3-4"]["tokens"] == 86  # 5 outputs cut to 15 tokens, one of 11
     assert policies["hvd_online@1-3-4"]["cycles_per_1k"] == policies["hvd@1-3-4"]["cycles_per_1k"]
     capsys.readouterr()
