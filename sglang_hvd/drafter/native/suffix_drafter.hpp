@@ -77,7 +77,9 @@ public:
         const int32_t* tail = own.arena() + d.start + d.len - n;
         Draft a = search_.best(own, tail, n, LOCAL);
         ChainSet set_a = search_.take_chain_set();
-        Draft b = search_.best(global_, tail, n, GLOBAL);
+        // the global draft is only taken if it scores more than the local one: no set or walk
+        // that cannot is searched
+        Draft b = search_.best(global_, tail, n, GLOBAL, a.score);
         const bool local = a.score >= b.score;
         Chain& kept = last_chain_[req];
         kept.epoch = epoch_;
@@ -96,7 +98,7 @@ public:
         if (only_tree == LOCAL) return search_.best_tree(own, tail, n, LOCAL, max_nodes, only_p);
         if (only_tree == GLOBAL) return search_.best_tree(global_, tail, n, GLOBAL, max_nodes, only_p);
         TreeDraft a = search_.best_tree(own, tail, n, LOCAL, max_nodes);
-        TreeDraft b = search_.best_tree(global_, tail, n, GLOBAL, max_nodes);
+        TreeDraft b = search_.best_tree(global_, tail, n, GLOBAL, max_nodes, 0, a.score);  // (as speculated)
         return a.score >= b.score ? a : b;
     }
 

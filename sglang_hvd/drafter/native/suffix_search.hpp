@@ -94,13 +94,20 @@ public:
     explicit Searcher(const Config& c) : cfg_(c) {
         budgets_.resize(c.max_depth + 1);
         for (int p = 0; p <= c.max_depth; ++p) budgets_[p] = c.budget(p);
+        most_upto_.resize(c.max_depth + 1);
+        for (int p = 0, most = 0; p <= c.max_depth; ++p) most_upto_[p] = most = std::max(most, budgets_[p]);
     }
 
     // ctx: the context's last min(len, max_depth) tokens. The winner's occurrence set is kept
-    // (``take_chain_set``).
-    Draft best(Index& ix, const int32_t* ctx, int n, int tree) {
+    // (``take_chain_set``). ``floor``: a score the caller already holds (another tree's draft,
+    // which wins ties): only a draft scoring more is looked for, and none (empty, score 0) is
+    // returned when no set can beat it. Sets and walks that cannot are cut short; the draft that
+    // does beat it is the one a search without a floor returns.
+    Draft best(Index& ix, const int32_t* ctx, int n, int tree, double floor = 0.0) {
         chain_set_.valid = false;
-        return search<Draft>(ix, ctx, n, tree, 0);
+        Draft d = search<Draft>(ix, ctx, n, tree, 0, 0, floor);
+        if (d.tokens.empty()) d.score = 0.0;
+        return d;
     }
 
     // The occurrence set of the last ``best``'s draft (valid false: it found none).
@@ -125,21 +132,26 @@ public:
 
     // The best tree of at most max_nodes nodes: the same sets, bounds and tie rules;
     // only_p > 0: only from the set of the pattern length only_p (a chain's own set).
-    TreeDraft best_tree(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes, int only_p = 0) {
+    // ``floor``: as best's.
+    TreeDraft best_tree(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes, int only_p = 0,
+                        double floor = 0.0) {
         if (max_nodes < 1) return TreeDraft();
-        return search<TreeDraft>(ix, ctx, n, tree, max_nodes, only_p);
+        TreeDraft d = search<TreeDraft>(ix, ctx, n, tree, max_nodes, only_p, floor);
+        if (d.tokens.empty()) d.score = 0.0;
+        return d;
     }
 
 private:
     template <class Out>
-    Out search(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes, int only_p = 0) {
+    Out search(Index& ix, const int32_t* ctx, int n, int tree, int max_nodes, int only_p = 0, double floor = 0.0) {
         constexpr bool kTree = std::is_same_v<Out, TreeDraft>;
         // No draft of a set can score more than its depth budget (nor, for a tree, its
         // node budget: a level's path probabilities sum to at most 1).
         auto bound = [&](int limit) { return kTree ? std::min(limit, max_nodes) : limit; };
         Out best;
+        best.score = floor;  // (tokens empty: best() reads it as no draft)
         int max_p = std::min(n, cfg_.max_depth) - 1;
-        if (max_p < 1) return best;
+        if (max_p < 1 || bound(most_upto_[max_p]) <= floor) return best;  // no set's draft can beat the floor
         const int32_t* arena = ix.arena();
         const int32_t last = ctx[n - 1];
         int64_t e1_count = ix.count(last);
@@ -213,8 +225,8 @@ private:
                     consider(d, walked, p_lo, p_hi, tree, best);
                 } else {
                     walked_set_ = cur_;
-                    walk(ix, cur_, limit, 1.0, d);  // (narrows cur_)
-                    if (consider(d, walked, p_lo, p_hi, tree, best)) {
+                    // (narrows cur_)
+                    if (walk(ix, cur_, limit, 1.0, d, best.score) && consider(d, walked, p_lo, p_hi, tree, best)) {
                         chain_set_.valid = true;
                         chain_set_.one_token = false;
                         chain_set_.p_lo = p_lo, chain_set_.p_hi = p_hi, chain_set_.limit = limit;
@@ -239,9 +251,9 @@ private:
                         d.tokens.push_back(tok);
                         d.probs.push_back(prob);
                         d.child_counts.push_back(c);
-                        if (limit > 1) {
+                        if (limit > 1 && !beaten(prob, limit - 1, prob, best.score)) {
                             ix.bigram_ends(last, tok, cur_, cfg_.max_occurrences);  // the newest K
-                            walk(ix, cur_, limit, prob, d);
+                            if (!walk(ix, cur_, limit, prob, d, best.score)) d.tokens.clear();
                         }
                     }
                 }
@@ -297,12 +309,23 @@ private:
         return true;
     }
 
+    // Whether a draft whose probabilities so far sum to `got`, with `left` tokens still to
+    // come at path probability `prob` or less each (a path's probability never grows), can no
+    // longer score more than `beat`. The margin covers the rounding of consider's sum.
+    static bool beaten(double got, int left, double prob, double beat) {
+        return got + left * prob < beat - 1e-9;
+    }
+
     // Greedy walk from the occurrences `cur` (ascending end positions), appending to d
-    // until it holds `limit` tokens. `prob` is the path probability so far.
-    void walk(Index& ix, std::vector<int64_t>& cur, int limit, double prob, Draft& d) {
+    // until it holds `limit` tokens. `prob` is the path probability so far. Returns false,
+    // d unfinished, once d can no longer score more than `beat` (consider would refuse it).
+    bool walk(Index& ix, std::vector<int64_t>& cur, int limit, double prob, Draft& d, double beat) {
         const int32_t* arena = ix.arena();
         const int64_t* stamps = ix.stamps();
+        double got = 0.0;  // d's score so far, summed in consider's order
+        for (double q : d.probs) got += q;
         while (static_cast<int>(d.tokens.size()) < limit) {
+            if (beaten(got, limit - static_cast<int>(d.tokens.size()), prob, beat)) return false;
             if (cur.size() == 1) {
                 // One occurrence left: a literal copy at unchanged probability.
                 if (prob < cfg_.min_token_prob) break;
@@ -374,6 +397,7 @@ private:
             }
             prob *= static_cast<double>(best_count) / static_cast<double>(cur.size());
             if (prob < cfg_.min_token_prob) break;
+            got += prob;
             d.tokens.push_back(tok);
             d.probs.push_back(prob);
             d.child_counts.push_back(best_count);
@@ -382,6 +406,7 @@ private:
                 if (arena[e + 1] == tok) cur[w++] = e + 1;
             cur.resize(w);
         }
+        return true;
     }
 
     // A frontier node of a tree: chosen by path probability, then the shallower, then the
@@ -477,6 +502,7 @@ private:
 
     Config cfg_;
     std::vector<int> budgets_;
+    std::vector<int> most_upto_;  // [p]: the largest budget of a pattern of at most p tokens
     std::vector<Front> heap_;
     std::vector<int64_t> pool_;                        // a growing tree's occurrence sets, one after another
     std::vector<std::pair<size_t, size_t>> spans_;     // each set's (offset, size) in pool_
