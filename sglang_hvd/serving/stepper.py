@@ -41,9 +41,12 @@ log = logging.getLogger(__name__)
 
 class _Step:
     """A plan's decisions as its rows' verifies read them: the BatchPlan, and its per-row
-    counts as lists (made once per step, not once per row)."""
+    counts as lists (made once per step, not once per row); and each row's verify until the
+    tokens it emitted arrive and say which branch won: its accepted length (-1 until the
+    verify returns) and, where recorded, its EAGLE3 chain (topk 1). A request waiting on row
+    ``i`` holds ``(step, i, pos)``: the step, its row and its output's length at the plan."""
 
-    __slots__ = ("plans", "cache_lens", "eagle_nodes", "eagle3_cap", "mode", "chain", "first")
+    __slots__ = ("plans", "cache_lens", "eagle_nodes", "eagle3_cap", "mode", "chain", "first", "accepts", "eagle_rows")
 
     def __init__(self, plans: BatchPlan, eagle3_cap: int, mode: str | None = None):
         self.plans = plans
@@ -51,6 +54,8 @@ class _Step:
         self.cache_lens: list[int] = plans.cache_lens.tolist()
         self.eagle_nodes: list[int] = plans.eagle_nodes.tolist()
         self.eagle3_cap = eagle3_cap  # the EAGLE3 nodes the step's depth is valued at (tiers.eagle3_cap)
+        self.accepts: list[int] = [-1] * len(self.cache_lens)
+        self.eagle_rows: dict[int, tuple[int, ...]] = {}
         # per row: whether its cache branch is a chain (its verified nodes' parents -1, 0, 1, ...), and its first node
         parents = plans.cache_parents
         n = parents.shape[1]
@@ -62,21 +67,8 @@ class _Step:
             self.chain, self.first = [True] * len(self.cache_lens), [-1] * len(self.cache_lens)
 
 
-class _Verify:
-    """One row's verify, until the tokens it emitted arrive and say which branch won."""
-
-    __slots__ = ("pos", "step", "row", "accept_len", "eagle_row")
-
-    def __init__(self, pos: int, step: _Step, row: int):
-        self.pos = pos
-        self.step = step  # the plan, row ``row`` of it
-        self.row = row
-        self.accept_len = -1  # -1 until the verify returns
-        self.eagle_row: tuple[int, ...] = ()  # the EAGLE3 chain (topk 1), for the recorded trace
-
-
 class _Request:
-    __slots__ = ("prompt", "output", "state", "pending", "steps", "bucket", "labels", "control", "counts")
+    __slots__ = ("prompt", "output", "context", "state", "pending", "steps", "bucket", "labels", "control", "counts")
 
     def __init__(self, prompt: np.ndarray, bucket: int = 0, control: int = AUTO):
         self.prompt = prompt
@@ -84,8 +76,9 @@ class _Request:
         # its own share of StepStats' counts (request_control.FIGURES), for its response
         self.counts = dict.fromkeys(FIGURES, 0)
         self.output: list[int] = []
+        self.context = len(prompt)  # its context tokens: len(prompt) + len(output), kept by sync
         self.state = new_request_state(prompt)
-        self.pending: _Verify | None = None
+        self.pending: tuple[_Step, int, int] | None = None  # (step, row, pos) of its verify (_Step)
         self.steps: list[TraceStep] = []
         self.bucket = bucket  # its calibration bucket (calibration.py)
         # judged drafts waiting for the output that labels them: (pos, tokens, parents, predicted), in pos order
@@ -176,6 +169,7 @@ class HVDStepper:
             return
         new = list(output_ids[len(st.output):])
         st.output.extend(new)
+        st.context += len(new)
         st.state.observe(new)
         self._append_rids.append(rid)
         self._append_tokens.append(new)
@@ -262,7 +256,7 @@ class HVDStepper:
 
         step = self.cycle[self.stats.steps % len(self.cycle)] if self.cycle else self.step
         timed = isinstance(step, CostRule) or self.time_profile is not None
-        context = sum(len(s.prompt) + len(s.output) for s in states) if timed else 0
+        context = sum([s.context for s in states]) if timed else 0
         self.context_tokens = context  # the step's context, all rows (0 when no cost rule needed it)
         calibrated = None
         if self.calibration is not None:
@@ -295,7 +289,7 @@ class HVDStepper:
                 self._gate_error_logged = True
         step = _Step(plans, eagle3_cap(plans.tier, self.shape), name if picked else None)
         for i, s in enumerate(states):
-            s.pending = _Verify(len(s.output), step, i)
+            s.pending = (step, i, len(s.output))
         self.stats.cpu_us_total += (time.perf_counter() - start) * 1e6
         self.stats.steps += 1
         return plans
@@ -356,30 +350,32 @@ class HVDStepper:
         accepts = accept_lens.tolist() if isinstance(accept_lens, np.ndarray) else accept_lens
         for i, rid in enumerate(rids):
             st = self._reqs.get(rid)
-            v = None if st is None else st.pending
-            if v is None or v.accept_len >= 0:
+            if st is None or st.pending is None:
                 continue
-            v.accept_len = int(accepts[i])
-            if eagle3_rows is not None and not v.step.cache_lens[v.row]:
-                v.eagle_row = tuple(int(t) for t in eagle3_rows[i])
+            step, row, _ = st.pending
+            if step.accepts[row] >= 0:
+                continue
+            step.accepts[row] = int(accepts[i])
+            if eagle3_rows is not None and not step.cache_lens[row]:
+                step.eagle_rows[row] = tuple(int(t) for t in eagle3_rows[i])
             self._resolve(st)
 
     def _resolve(self, st: _Request, final: bool = False) -> None:
-        v = st.pending
-        if v is None or v.accept_len < 0:
+        if st.pending is None:
             return
-        a = v.accept_len
-        if len(st.output) < v.pos + a and not final:
-            return  # its tokens have not arrived yet
+        step, row, pos = st.pending
+        a = step.accepts[row]
+        if a < 0 or (len(st.output) < pos + a and not final):
+            return  # its verify has not returned, or its tokens have not arrived yet
         st.pending = None
         stats, own = self.stats, st.counts
         stats.rows += 1
-        if v.step.mode is not None:
-            stats.mode_emitted[v.step.mode] = stats.mode_emitted.get(v.step.mode, 0) + a + 1
+        if step.mode is not None:
+            stats.mode_emitted[step.mode] = stats.mode_emitted.get(step.mode, 0) + a + 1
         own["rows"] += 1
         record = self.recorder is not None
-        cache = v.step.cache_lens[v.row]
-        if not cache and not v.step.eagle_nodes[v.row]:
+        cache = step.cache_lens[row]
+        if not cache and not step.eagle_nodes[row]:
             stats.plain_rows += 1  # nothing drafted was verified: no trace step
             own["plain_rows"] += 1
             return
@@ -390,25 +386,25 @@ class HVDStepper:
             own["eagle3_accepted"] += a
             if self.eagle3_yield is not None:
                 # a shallower tier's rows count at the nodes its depth is valued at (what the cost rule reads)
-                self.eagle3_yield.observe(min(v.step.eagle_nodes[v.row], v.step.eagle3_cap), a + 1)
+                self.eagle3_yield.observe(min(step.eagle_nodes[row], step.eagle3_cap), a + 1)
             if record:
                 # topk 1: the EAGLE3 chain; a tree: the path the verify accepted.
-                draft = v.eagle_row or tuple(st.output[v.pos : v.pos + a])
-                st.steps.append(TraceStep(pos=v.pos, src="eagle3", draft=draft, accept_len=min(a, len(draft))))
+                draft = step.eagle_rows.get(row) or tuple(st.output[pos : pos + a])
+                st.steps.append(TraceStep(pos=pos, src="eagle3", draft=draft, accept_len=min(a, len(draft))))
             return
         stats.cache_rows += 1
         own["cache_rows"] += 1
-        stats.two_branch_rows += v.step.eagle_nodes[v.row] > 0
-        plans = v.step.plans
-        if v.step.chain[v.row]:
+        stats.two_branch_rows += step.eagle_nodes[row] > 0
+        plans = step.plans
+        if step.chain[row]:
             # a chain: the verify took the cache branch exactly when its first token was emitted
             out = st.output
-            won = a == 0 or (len(out) > v.pos and out[v.pos] == v.step.first[v.row])
+            won = a == 0 or (len(out) > pos and out[pos] == step.first[row])
             path = None
         else:
-            tokens = plans.cache_tokens[v.row, :cache].tolist()
-            parents = tuple(plans.cache_parents[v.row, :cache].tolist())
-            path = row_path(tokens, parents, st.output[v.pos : v.pos + a])
+            tokens = plans.cache_tokens[row, :cache].tolist()
+            parents = tuple(plans.cache_parents[row, :cache].tolist())
+            path = row_path(tokens, parents, st.output[pos : pos + a])
             stats.tree_rows += 1
             stats.sibling_wins += path != tuple(range(len(path)))
             won = a == 0 or len(path) > 0
@@ -417,17 +413,17 @@ class HVDStepper:
             own["cache_accepted"] += a
             if record:
                 # a tree row is recorded as the branch the output took (its LCP with the output is the path)
-                draft = (tuple(plans.cache_tokens[v.row, :cache].tolist()) if path is None
+                draft = (tuple(plans.cache_tokens[row, :cache].tolist()) if path is None
                          else branch(tokens, parents, path))
-                st.steps.append(TraceStep(pos=v.pos, src="cache", draft=draft, accept_len=min(a, len(draft))))
+                st.steps.append(TraceStep(pos=pos, src="cache", draft=draft, accept_len=min(a, len(draft))))
         else:
             stats.eagle3_branch_wins += 1
             stats.eagle3_accepted += a
             own["eagle3_verifies"] += 1
             own["eagle3_accepted"] += a
             if record:
-                emitted = st.output[v.pos : v.pos + a]
-                st.steps.append(TraceStep(pos=v.pos, src="eagle3", draft=tuple(emitted), accept_len=len(emitted)))
+                emitted = st.output[pos : pos + a]
+                st.steps.append(TraceStep(pos=pos, src="eagle3", draft=tuple(emitted), accept_len=len(emitted)))
 
     def summary(self) -> dict[str, float]:
         s = self.stats
