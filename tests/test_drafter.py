@@ -296,6 +296,38 @@ def test_branching_trees_on_longer_streams_equal_the_naive_reference(name):
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
+def test_trees_of_nodes_with_many_continuations_equal_the_naive_reference(name):
+    """5 6 7 8 1 2 followed by any of 24 tokens, 60 times, depth 6: every pattern's set is the
+    same 60 occurrences, so the tree's root (under the matched pattern) has more than 16
+    distinct continuations, where the native drafter's small table of children gives way to a
+    sort; below it each has one or a few. Equal trees and row trees, branching at the root."""
+    rng = np.random.default_rng(7)
+    config = DrafterConfig(max_depth=6, max_spec_tokens=6, max_spec_factor=2.0, max_spec_offset=0.0,
+                           min_token_prob=0.01)
+    real, naive = create_drafter(name, config), NaiveDrafter(config)
+    unit = [5, 6, 7, 8, 1, 2]
+    wide = 0
+    for r in range(6):
+        rid = f"r{r}"
+        after = rng.integers(10, 34, size=60).tolist()
+        assert len(set(after)) > 16
+        prompt = [t for x in after for t in (*unit, x)] + unit
+        for d in (real, naive):
+            d.start_request(rid, prompt)
+        for _ in range(4):
+            got = real.speculate_tree(rid, 24)
+            assert got == naive.speculate_tree(rid, 24)
+            assert speculate_row(real, rid, 24) == row_of(naive, rid, 24)
+            wide += got.parents.count(-1) > 1
+            chunk = [int(rng.integers(10, 34)), *unit]
+            for d in (real, naive):
+                d.append(rid, chunk)
+        for d in (real, naive):
+            d.finish_request(rid)
+    assert wide > 20  # of 24 trees, most branch at their root
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_a_tree_draft_keeps_the_sibling_a_chain_drops(name):
     """The DraftTree docstring's example: after 7 8 the history went on with 9 once and 5
     once; the chain takes 5 (the newer), the tree both, each with what followed it."""

@@ -480,6 +480,51 @@ private:
     void push_children(Index& ix, const int64_t* occ, size_t n, int32_t parent, double prob, int depth, Push&& push) {
         const int32_t* arena = ix.arena();
         const int64_t* stamps = ix.stamps();
+        // Few distinct continuations (the common case): grouped in a small table, no sort. The
+        // children's order does not matter: the frontier orders them by (probability, depth,
+        // newest stamp), and stamps are unique; nor does the order of a span's ends.
+        branches_.clear();
+        cont_.clear();
+        bool many = false;
+        for (size_t k = 0; k < n; ++k) {
+            const int64_t e = occ[k] + 1;
+            const int32_t t = arena[e];
+            if (t < 0) continue;
+            size_t j = 0;
+            while (j < branches_.size() && branches_[j].tok != t) ++j;
+            if (j == branches_.size()) {
+                if (j == kFewChildren) {
+                    many = true;
+                    break;
+                }
+                branches_.push_back(Branch{t});
+            }
+            Branch& c = branches_[j];
+            c.count += 1;
+            c.newest = std::max(c.newest, stamps[e]);
+            cont_.emplace_back(static_cast<int32_t>(j), e);
+        }
+        if (!many) {
+            const double total = static_cast<double>(n);
+            size_t at = pool_.size();
+            for (Branch& c : branches_) {
+                c.prob = prob * (static_cast<double>(c.count) / total);
+                c.fill = c.prob >= cfg_.min_token_prob ? at : SIZE_MAX;
+                if (c.fill != SIZE_MAX) at += static_cast<size_t>(c.count);
+            }
+            pool_.resize(at);  // (occ is not read past this point: its ends were copied to cont_)
+            for (const auto& [j, e] : cont_) {
+                Branch& c = branches_[static_cast<size_t>(j)];
+                if (c.fill != SIZE_MAX) pool_[c.fill++] = e;
+            }
+            for (const Branch& c : branches_) {
+                if (c.fill == SIZE_MAX) continue;
+                const size_t start = c.fill - static_cast<size_t>(c.count);
+                spans_.emplace_back(start, static_cast<size_t>(c.count));
+                push(Front{c.prob, depth, c.newest, c.tok, parent, static_cast<int32_t>(spans_.size() - 1), c.count, -1});
+            }
+            return;
+        }
         next_.clear();
         for (size_t k = 0; k < n; ++k)
             if (arena[occ[k] + 1] >= 0) next_.emplace_back(arena[occ[k] + 1], occ[k] + 1);
@@ -508,6 +553,15 @@ private:
     std::vector<std::pair<size_t, size_t>> spans_;     // each set's (offset, size) in pool_
     std::vector<int64_t> bigram_buf_;
     std::vector<std::pair<int32_t, int64_t>> next_;
+    struct Branch {  // a node's continuation by one token (push_children's small table)
+        int32_t tok = -1;
+        int64_t count = 0;
+        int64_t newest = -1;
+        double prob = 0.0;
+        size_t fill = 0;  // where its next end goes in pool_ (SIZE_MAX: under the floor, not kept)
+    };
+    std::vector<Branch> branches_;
+    std::vector<std::pair<int32_t, int64_t>> cont_;  // (branch, end) of each occurrence with a continuation
     std::vector<std::tuple<int32_t, int64_t, int64_t>> succ_buf_;
     std::vector<int32_t> rev_;
     std::vector<int64_t> ends_, cur_, walked_set_;
