@@ -173,6 +173,14 @@ class RequestState:
         return flat
 
     @staticmethod
+    def observe_rows(states: Sequence[RequestState], tokens: Sequence[Sequence[int]]) -> None:
+        """Each state's emitted tokens, ``tokens[i]`` into ``states[i]`` (the native state's: one call)."""
+        if len(tokens) != len(states):
+            raise ValueError("one token list per state")
+        for s, t in zip(states, tokens):
+            s.observe(t)
+
+    @staticmethod
     def record_rows(states: Sequence[RequestState], tokens: np.ndarray, lens: np.ndarray) -> None:
         """Row i's draft, ``tokens[i, :lens[i]]`` (none when 0), into states[i]."""
         lens_list = lens.tolist()

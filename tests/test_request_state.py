@@ -87,6 +87,30 @@ def test_a_batch_packed_and_recorded_in_one_call_each_equals_the_references_row_
     assert StateBatch.of([]).pos.shape == (0,)
 
 
+def test_observe_rows_is_each_states_observe_and_refuses_a_count_mismatch():
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, 5, size=int(n)).tolist() for n in rng.integers(0, 20, size=7)]
+    refs = [RequestState(p) for p in prompts]
+    natives = [new_request_state(p) for p in prompts]
+    batched = [new_request_state(p) for p in prompts]
+    for _ in range(30):
+        lens = rng.integers(0, 6, size=len(prompts)).astype(np.int32)
+        drafts = rng.integers(0, 5, size=(len(prompts), 6)).astype(np.int32)
+        for states in (refs, natives, batched):
+            type(states[0]).record_rows(states, drafts, lens)
+        emitted = [rng.integers(0, 5, size=int(rng.integers(0, 4))).tolist() for _ in prompts]
+        for r, n, t in zip(refs, natives, emitted):
+            r.observe(t)
+            n.observe(t)
+        NativeRequestState.observe_rows(batched, emitted)
+    assert [b.row() for b in batched] == [n.row() for n in natives] == [r.row() for r in refs]
+    RequestState.observe_rows(refs, [[1]] * len(refs))  # the reference's, the same contract
+    assert [r.pos for r in refs] == [n.pos + 1 for n in natives]
+    for cls, states in ((NativeRequestState, natives), (RequestState, refs)):
+        with pytest.raises(ValueError, match="one token list per state"):
+            cls.observe_rows(states, [[1]])
+
+
 def test_record_rows_refuses_a_draft_longer_than_its_row_and_a_count_mismatch():
     states = [NativeRequestState(np.array([1], dtype=np.int32))]
     with pytest.raises(ValueError, match="longer than its row"):

@@ -128,8 +128,10 @@ class HVDStepper:
         self.tokenizer = tokenizer or TokenizerId("unknown", "unknown")
         self.source = source
         self._reqs: dict[str, _Request] = {}
-        self._append_rids: list[str] = []  # sync's new tokens, per request, until the drafter takes them
+        # sync's new tokens, per request, until the drafter and the requests' decision states take them
+        self._append_rids: list[str] = []
         self._append_tokens: list[list[int]] = []
+        self._append_states: list = []
         self._controlled = 0  # tracked requests whose control is not auto
         self.stats = StepStats()
         self._gate_error_logged = False
@@ -170,18 +172,21 @@ class HVDStepper:
         new = list(output_ids[len(st.output):])
         st.output.extend(new)
         st.context += len(new)
-        st.state.observe(new)
         self._append_rids.append(rid)
         self._append_tokens.append(new)
+        self._append_states.append(st.state)
         self._resolve(st)
         if st.labels:
             self._label(st)
 
     def _flush_appends(self) -> None:
-        """The tokens taken by ``sync`` since the last flush, into the drafter in one call."""
+        """The tokens taken by ``sync`` since the last flush, into the requests' decision states
+        and the drafter, one call each (nothing reads a state between its sync and this flush:
+        ``plan`` flushes first)."""
         if self._append_rids:
-            rids, tokens = self._append_rids, self._append_tokens
-            self._append_rids, self._append_tokens = [], []  # taken even if the drafter refuses them
+            rids, tokens, states = self._append_rids, self._append_tokens, self._append_states
+            self._append_rids, self._append_tokens, self._append_states = [], [], []  # taken even if refused
+            type(states[0]).observe_rows(states, tokens)
             self.drafter.append_batch(rids, tokens)
 
     def finish(self, rid: str, final_output: Sequence[int] | None = None) -> dict | None:
@@ -233,7 +238,7 @@ class HVDStepper:
     def reset(self) -> None:
         self._reqs.clear()
         self._controlled = 0
-        self._append_rids, self._append_tokens = [], []
+        self._append_rids, self._append_tokens, self._append_states = [], [], []
         self.drafter.reset()
 
     # -- the step --------------------------------------------------------------------

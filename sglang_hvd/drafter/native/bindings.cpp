@@ -365,6 +365,14 @@ PYBIND11_MODULE(_native, m) {
             for (py::ssize_t i = 0; i < b; ++i) states[i].cast<const RequestState&>().row(o + i * hvd::kColumns);
             return out;
         })
+        // Each state's emitted tokens (tokens[i] into states[i]), one call for a step's rows.
+        .def_static("observe_rows", [](const py::sequence& states, const std::vector<std::vector<int32_t>>& tokens) {
+            const size_t b = static_cast<size_t>(py::len(states));
+            if (tokens.size() != b) throw std::invalid_argument("one token list per state");
+            for (size_t i = 0; i < b; ++i)
+                states[static_cast<py::ssize_t>(i)].cast<RequestState&>().observe(
+                    tokens[i].data(), static_cast<int64_t>(tokens[i].size()));
+        })
         // Each row's draft (its first lens[i] tokens of tokens[i]; none when 0) into its state.
         .def_static("record_rows", [](const py::sequence& states, I32 tokens, I32 lens) {
             auto t = tokens.unchecked<2>();
