@@ -309,6 +309,19 @@ private:
         return true;
     }
 
+    // The index of token t's entry in a small table of continuations (``few_``, ``branches_``),
+    // added if new; -1 when t is new and the table already holds kFewChildren entries.
+    template <class Entry>
+    static int small_slot(std::vector<Entry>& table, int32_t t) {
+        size_t j = 0;
+        while (j < table.size() && table[j].tok != t) ++j;
+        if (j == table.size()) {
+            if (j == kFewChildren) return -1;
+            table.push_back(Entry{t});
+        }
+        return static_cast<int>(j);
+    }
+
     // Whether a draft whose probabilities so far sum to `got`, with `left` tokens still to
     // come at path probability `prob` or less each (a path's probability never grows), can no
     // longer score more than `beat`. The margin covers the rounding of consider's sum.
@@ -345,16 +358,12 @@ private:
             for (int64_t e : cur) {
                 const int32_t t = arena[e + 1];
                 if (t < 0) continue;
-                size_t j = 0;
-                while (j < few_.size() && few_[j].tok != t) ++j;
-                if (j == few_.size()) {
-                    if (j == kFewChildren) {
-                        many = true;
-                        break;
-                    }
-                    few_.push_back(Kid{t, 0});
+                const int j = small_slot(few_, t);
+                if (j < 0) {
+                    many = true;
+                    break;
                 }
-                few_[j].count += 1;
+                few_[static_cast<size_t>(j)].count += 1;
             }
             int32_t tok = -1;
             int64_t best_count = 0;
@@ -490,19 +499,15 @@ private:
             const int64_t e = occ[k] + 1;
             const int32_t t = arena[e];
             if (t < 0) continue;
-            size_t j = 0;
-            while (j < branches_.size() && branches_[j].tok != t) ++j;
-            if (j == branches_.size()) {
-                if (j == kFewChildren) {
-                    many = true;
-                    break;
-                }
-                branches_.push_back(Branch{t});
+            const int j = small_slot(branches_, t);
+            if (j < 0) {
+                many = true;
+                break;
             }
-            Branch& c = branches_[j];
+            Branch& c = branches_[static_cast<size_t>(j)];
             c.count += 1;
             c.newest = std::max(c.newest, stamps[e]);
-            cont_.emplace_back(static_cast<int32_t>(j), e);
+            cont_.emplace_back(j, e);
         }
         if (!many) {
             const double total = static_cast<double>(n);
