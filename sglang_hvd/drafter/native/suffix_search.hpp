@@ -489,9 +489,10 @@ private:
     void push_children(Index& ix, const int64_t* occ, size_t n, int32_t parent, double prob, int depth, Push&& push) {
         const int32_t* arena = ix.arena();
         const int64_t* stamps = ix.stamps();
-        // Few distinct continuations (the common case): grouped in a small table, no sort. The
-        // children's order does not matter: the frontier orders them by (probability, depth,
-        // newest stamp), and stamps are unique; nor does the order of a span's ends.
+        // The continuations grouped by token: in a small table while they are few (the common
+        // case), then through a hash map from token to branch; no sort. The children's order does
+        // not matter: the frontier orders them by (probability, depth, newest stamp), and stamps
+        // are unique; nor does the order of a span's ends.
         branches_.clear();
         cont_.clear();
         bool many = false;
@@ -499,54 +500,42 @@ private:
             const int64_t e = occ[k] + 1;
             const int32_t t = arena[e];
             if (t < 0) continue;
-            const int j = small_slot(branches_, t);
+            int j = many ? -1 : small_slot(branches_, t);
             if (j < 0) {
-                many = true;
-                break;
+                if (!many) {  // the small table is full: index its branches, and the rest, by token
+                    many = true;
+                    branch_of_.reset();
+                    for (size_t b = 0; b < branches_.size(); ++b) branch_of_[branches_[b].tok].index = static_cast<int32_t>(b);
+                }
+                int32_t& slot = branch_of_[t].index;  // (-1: new)
+                if (slot < 0) {
+                    slot = static_cast<int32_t>(branches_.size());
+                    branches_.push_back(Branch{t});
+                }
+                j = slot;
             }
             Branch& c = branches_[static_cast<size_t>(j)];
             c.count += 1;
             c.newest = std::max(c.newest, stamps[e]);
             cont_.emplace_back(j, e);
         }
-        if (!many) {
-            const double total = static_cast<double>(n);
-            size_t at = pool_.size();
-            for (Branch& c : branches_) {
-                c.prob = prob * (static_cast<double>(c.count) / total);
-                c.fill = c.prob >= cfg_.min_token_prob ? at : SIZE_MAX;
-                if (c.fill != SIZE_MAX) at += static_cast<size_t>(c.count);
-            }
-            pool_.resize(at);  // (occ is not read past this point: its ends were copied to cont_)
-            for (const auto& [j, e] : cont_) {
-                Branch& c = branches_[static_cast<size_t>(j)];
-                if (c.fill != SIZE_MAX) pool_[c.fill++] = e;
-            }
-            for (const Branch& c : branches_) {
-                if (c.fill == SIZE_MAX) continue;
-                const size_t start = c.fill - static_cast<size_t>(c.count);
-                spans_.emplace_back(start, static_cast<size_t>(c.count));
-                push(Front{c.prob, depth, c.newest, c.tok, parent, static_cast<int32_t>(spans_.size() - 1), c.count, -1});
-            }
-            return;
-        }
-        next_.clear();
-        for (size_t k = 0; k < n; ++k)
-            if (arena[occ[k] + 1] >= 0) next_.emplace_back(arena[occ[k] + 1], occ[k] + 1);
-        std::sort(next_.begin(), next_.end());
         const double total = static_cast<double>(n);
-        for (size_t i = 0; i < next_.size();) {
-            size_t j = i;
-            int64_t newest = -1;
-            while (j < next_.size() && next_[j].first == next_[i].first) newest = std::max(newest, stamps[next_[j++].second]);
-            const int64_t count = static_cast<int64_t>(j - i);
-            const double child = prob * (static_cast<double>(count) / total);
-            if (child >= cfg_.min_token_prob) {
-                spans_.emplace_back(pool_.size(), j - i);
-                for (size_t k = i; k < j; ++k) pool_.push_back(next_[k].second);
-                push(Front{child, depth, newest, next_[i].first, parent, static_cast<int32_t>(spans_.size() - 1), count, -1});
-            }
-            i = j;
+        size_t at = pool_.size();
+        for (Branch& c : branches_) {
+            c.prob = prob * (static_cast<double>(c.count) / total);
+            c.fill = c.prob >= cfg_.min_token_prob ? at : SIZE_MAX;
+            if (c.fill != SIZE_MAX) at += static_cast<size_t>(c.count);
+        }
+        pool_.resize(at);  // (occ is not read past this point: its ends were copied to cont_)
+        for (const auto& [j, e] : cont_) {
+            Branch& c = branches_[static_cast<size_t>(j)];
+            if (c.fill != SIZE_MAX) pool_[c.fill++] = e;
+        }
+        for (const Branch& c : branches_) {
+            if (c.fill == SIZE_MAX) continue;
+            const size_t start = c.fill - static_cast<size_t>(c.count);
+            spans_.emplace_back(start, static_cast<size_t>(c.count));
+            push(Front{c.prob, depth, c.newest, c.tok, parent, static_cast<int32_t>(spans_.size() - 1), c.count, -1});
         }
     }
 
@@ -557,7 +546,6 @@ private:
     std::vector<int64_t> pool_;                        // a growing tree's occurrence sets, one after another
     std::vector<std::pair<size_t, size_t>> spans_;     // each set's (offset, size) in pool_
     std::vector<int64_t> bigram_buf_;
-    std::vector<std::pair<int32_t, int64_t>> next_;
     struct Branch {  // a node's continuation by one token (push_children's small table)
         int32_t tok = -1;
         int64_t count = 0;
@@ -567,6 +555,10 @@ private:
     };
     std::vector<Branch> branches_;
     std::vector<std::pair<int32_t, int64_t>> cont_;  // (branch, end) of each occurrence with a continuation
+    struct BranchIndex {  // a token's branch in branches_ (-1: none yet)
+        int32_t index = -1;
+    };
+    FlatMap<int32_t, BranchIndex, -1> branch_of_;  // past kFewChildren branches: token -> branch
     std::vector<std::tuple<int32_t, int64_t, int64_t>> succ_buf_;
     std::vector<int32_t> rev_;
     std::vector<int64_t> ends_, cur_, walked_set_;
