@@ -5,7 +5,8 @@ HVD and cost-aware HVD serving the same requests.
 
 Needs the sglang extra (.venv-sglang's Python). Everything runs on real SGLang 0.5.23
 servers through the engine harness (sglang_hvd.harness) with the tiny random Llama target
-and its EAGLE3 draft (real forwards, float32 on the CPU; the draft is almost never right),
+and its EAGLE3 draft (real forwards, float32 on the CPU; the draft is almost never right;
+its vocabulary --vocab, Qwen3's by default),
 EAGLE3 at topk 1 (1-3-4), and a gate for that shape trained on the synthetic workload (or
 --gate):
 
@@ -84,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="distinct requests per round (default: the largest --batch)")
     p.add_argument("--new-tokens", type=int_in(2, 1024), default=32, metavar="N",
                    help="tokens each request generates, EOS ignored (default: %(default)s)")
+    p.add_argument("--vocab", type=int_in(8192, tiny_models.VOCAB_SIZE), default=tiny_models.VOCAB_SIZE, metavar="V",
+                   help="the tiny pair's vocabulary; prompts are token ids below it (at least 8192: hvd profile's "
+                        "prompts use ids below 5000). At Qwen3's full size the lm_head and the argmax over it take "
+                        "~60%% of a CPU step, so a verify costs in proportion to its tokens; at 8192 the step's fixed "
+                        "part dominates, nearer a GPU's memory-bound verify (default: %(default)s)")
     p.add_argument("--configs", default=",".join(CONFIGS), metavar="C,...",
                    help=f"configurations to serve, greedy always included (default: {','.join(CONFIGS)})")
     p.add_argument("--profile", metavar="PROFILE",
@@ -151,17 +157,18 @@ def resolve(a: argparse.Namespace) -> argparse.Namespace:
     return a
 
 
-def make_requests(seed: int, n: int, new_tokens: int) -> list[dict]:
+def make_requests(seed: int, n: int, new_tokens: int, vocab: int = tiny_models.VOCAB_SIZE) -> list[dict]:
     """``n`` seeded requests: even ones repeat a random block 2-4 times (the cache drafts the
-    block's next copy), odd ones are random token ids."""
+    block's next copy), odd ones are random token ids (below ``vocab``, and 150000)."""
     rng = random.Random(seed)
+    top = min(vocab, 150000)
     out = []
     for i in range(n):
         if i % 2 == 0:
-            block = [rng.randrange(100, 150000) for _ in range(rng.randrange(8, 20))]
+            block = [rng.randrange(100, top) for _ in range(rng.randrange(8, 20))]
             ids = block * rng.randrange(2, 5)
         else:
-            ids = [rng.randrange(100, 150000) for _ in range(rng.randrange(16, 64))]
+            ids = [rng.randrange(100, top) for _ in range(rng.randrange(16, 64))]
         out.append({"input_ids": ids, "max_new_tokens": new_tokens})
     return out
 
@@ -319,7 +326,7 @@ def run(a: argparse.Namespace) -> int:
     work = a.work_dir or tempfile.mkdtemp(prefix="hvd_bench_tiers_")
     os.makedirs(work, exist_ok=True)
     log(f"work dir {work}")
-    target = tiny_models.write_random_target(os.path.join(work, "llama"), "llama", seed=0)
+    target = tiny_models.write_random_target(os.path.join(work, "llama"), "llama", seed=0, vocab=a.vocab)
     draft = tiny_models.write_random_draft(os.path.join(work, "llama_draft"), target, seed=1)
     train = ("--eagle3-curve", a.eagle3_curve) if a.eagle3_curve else ()
     gate = a.gate or GateFactory(os.path.join(work, "gates"), train)(1, 3, 4)
@@ -331,7 +338,7 @@ def run(a: argparse.Namespace) -> int:
         held = profile_report["held_back_error"]
         log("    held-back error: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in held.items()))
 
-    requests = make_requests(a.seed, a.requests, a.new_tokens)
+    requests = make_requests(a.seed, a.requests, a.new_tokens, a.vocab)
     results: dict[str, dict] = {}
     with contextlib.ExitStack() as stack:
         servers = {}
@@ -421,7 +428,7 @@ def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -
             for x in r["rounds"]:
                 x.pop("outputs", None)
     return {"batch": list(a.batch), "requests": a.requests, "new_tokens": a.new_tokens, "seed": a.seed,
-            "profile": a.profile, "profile_report": profile_report, "configs": results,
+            "vocab": a.vocab, "profile": a.profile, "profile_report": profile_report, "configs": results,
             "lossless": ok, "lossless_by_config": lossless, "ratios": ratios, "elapsed_s": elapsed_s}
 
 

@@ -49,14 +49,18 @@ TREE = [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
         [1, 1, 0, 1, 0, 0], [1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]]
 
 
-@pytest.mark.parametrize("layout", ["qlen_only", "full_mask", "no_mask"])
+@pytest.mark.parametrize("layout", ["qlen_only", "full_mask", "no_mask", "one_node"])
 def test_target_verify_sees_prefix_and_tree_ancestors(layout):
+    """``one_node``: SGLang's steps-0 verify (the ``off`` tier), one query a row, its mask all True."""
     gen = torch.Generator().manual_seed(0)
     pool = FakePool(gen)
-    n, seq_lens, reqs = 6, [3, 5], [1, 0]
+    n, seq_lens, reqs = (1 if layout == "one_node" else 6), [3, 5], [1, 0]
     req_to_token = torch.randperm(ROWS, generator=gen)[: 2 * 16].view(2, 16)
     tree = torch.tensor(TREE, dtype=torch.bool) if layout != "no_mask" else torch.ones(n, n, dtype=torch.bool).tril()
-    if layout == "qlen_only":
+    if layout == "one_node":
+        tree = torch.ones(1, 1, dtype=torch.bool)
+        mask = torch.ones(2, dtype=torch.bool)
+    elif layout == "qlen_only":
         mask = tree.repeat(2, 1, 1).flatten()
     elif layout == "full_mask":
         mask = torch.cat([torch.cat([torch.ones(n, s, dtype=torch.bool), tree], 1).flatten() for s in seq_lens])

@@ -5,7 +5,9 @@
    patched method handles verify itself: each request's ``draft_token_num`` query
    tokens see the whole committed prefix plus the draft tokens their tree-mask row
    allows (the CPU builds a QLEN_ONLY ``n x n`` mask per request; a FULL_MASK layout
-   is accepted too). Every other mode goes to the original method.
+   is accepted too). A one-node verify (SGLang's steps-0 verify: HVD's ``off`` tier)
+   reads no mask and runs unmasked, as a decode step does. Every other mode goes to
+   the original method.
 
 2. A torch_native multi-step draft-decode backend. ``DraftBackendFactory`` maps
    the CPU only to ``intel_amx`` (which needs the sgl_kernel CPU build), so startup
@@ -78,7 +80,8 @@ def target_verify_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True
     n = int(spec_info.draft_token_num)
     seq_lens = forward_batch.seq_lens.tolist()
     bs = len(seq_lens)
-    masks = _verify_mask_rows(getattr(spec_info, "custom_mask", None), bs, n, seq_lens)
+    # one query token a row (a one-node verify) sees every key: no mask, as a decode step
+    masks = _verify_mask_rows(getattr(spec_info, "custom_mask", None), bs, n, seq_lens) if n > 1 else None
 
     q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
     o_ = o.view(-1, layer.tp_q_head_num, layer.v_head_dim)
@@ -86,19 +89,21 @@ def target_verify_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True
     v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
     req_to_token = self.req_to_token_pool.req_to_token
     use_gqa = layer.tp_q_head_num != layer.tp_k_head_num
+    reqs = forward_batch.req_pool_indices.tolist()
     for i, prefix in enumerate(seq_lens):
-        req = int(forward_batch.req_pool_indices[i])
-        tokens = req_to_token[req, : prefix + n]
+        tokens = req_to_token[reqs[i], : prefix + n]
         key = k_cache[tokens].movedim(0, 1).unsqueeze(0)  # [1, heads, kv, dim]
         value = v_cache[tokens].movedim(0, 1).unsqueeze(0)
         query = q_[i * n : (i + 1) * n].movedim(0, 1).unsqueeze(0)  # [1, heads, n, dim]
         if key.dtype != query.dtype:
             key, value = key.to(query.dtype), value.to(query.dtype)
-        mask = torch.ones((n, prefix + n), dtype=torch.bool, device=query.device)
-        if masks is None:
-            mask[:, prefix:] = torch.ones((n, n), dtype=torch.bool, device=query.device).tril()
-        else:
-            mask[:, prefix:] = masks[i]
+        mask = None
+        if n > 1:
+            mask = torch.ones((n, prefix + n), dtype=torch.bool, device=query.device)
+            if masks is None:
+                mask[:, prefix:] = torch.ones((n, n), dtype=torch.bool, device=query.device).tril()
+            else:
+                mask[:, prefix:] = masks[i]
         out = scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=layer.scaling, enable_gqa=use_gqa)
         o_[i * n : (i + 1) * n] = out.squeeze(0).movedim(1, 0)
     return o
