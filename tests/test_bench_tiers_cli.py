@@ -3,23 +3,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, bench_script
 
 SCRIPT = os.path.join(REPO, "launch", "bench", "bench_tiers.py")
 
 
 def _script():
-    if "bench_tiers" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench_tiers", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bench_tiers"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["bench_tiers"]
+    return bench_script("bench_tiers")
 
 
 def test_requests_stay_below_the_vocabulary_and_the_default_ones_are_unchanged():

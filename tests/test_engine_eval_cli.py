@@ -5,7 +5,6 @@ here comes before the first server."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, bench_script
 
 SCRIPT = os.path.join(REPO, "launch", "bench", "engine_eval.py")
 
@@ -23,13 +22,7 @@ def _engine_eval(cwd, *argv: str) -> subprocess.CompletedProcess:
 
 
 def _script():
-    """The script as a module (registered first: its dataclasses look their module up)."""
-    if "engine_eval" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("engine_eval", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["engine_eval"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["engine_eval"]
+    return bench_script("engine_eval")
 
 
 def test_help_names_the_shape_flags_and_their_defaults(tmp_path):
