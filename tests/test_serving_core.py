@@ -184,16 +184,35 @@ def test_a_gate_failing_at_run_time_falls_back_to_eagle3(demo_dir, demo_gate, ca
 
 
 def test_recorder_drops_rather_than_blocks(tmp_path):
+    import threading
+
     from sglang_hvd.trace import TokenizerId, TraceRecord, token_array
 
+    class HeldFile:  # the writer's file, whose first write waits until the test lets it go
+        def __init__(self, f):
+            self.f, self.entered, self.go = f, threading.Event(), threading.Event()
+
+        def write(self, text):
+            self.entered.set()
+            self.go.wait(30)
+            return self.f.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
     rec = TraceRecorder(str(tmp_path / "t.jsonl.gz"), max_queue=1, flush_s=0.05)
-    rec._queue.put(None)  # occupy the only slot so the next record cannot be queued...
-    r = TraceRecord("a", "a", 0, "s", TokenizerId("t", "d"), token_array([1]), token_array([2]))
-    assert rec.record(r) is False and rec.num_dropped == 1
-    rec._queue.get()  # ...free it again
-    assert rec.record(r) is True
+    held = rec._file = HeldFile(rec._file)
+
+    def record(rid):
+        return rec.record(TraceRecord(rid, rid, 0, "s", TokenizerId("t", "d"), token_array([1]), token_array([2])))
+
+    assert record("a") is True and held.entered.wait(30)  # the writer holds "a", stuck in its write
+    assert record("b") is True  # the queue's only slot
+    assert record("c") is False and rec.num_dropped == 1  # a full queue drops, it does not block
+    held.go.set()
     rec.close()
-    assert [x.req_id for x in iter_traces(str(tmp_path / "t.jsonl.gz"))] == ["a"]
+    assert [x.req_id for x in iter_traces(str(tmp_path / "t.jsonl.gz"))] == ["a", "b"]
+    assert (rec.num_written, rec.num_failed, rec.num_dropped) == (2, 0, 1)
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: disk full)")
