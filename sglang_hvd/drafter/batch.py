@@ -123,11 +123,16 @@ class RowTreeBatch:
                        tuple(self.probs[i, :n].tolist()))
 
     def scatter(self, which: np.ndarray, b: int, width: int, num_nodes: np.ndarray) -> RowTreeBatch:
-        """This batch's rows placed at batch rows ``which`` of a new batch of ``b`` rows and
-        ``width`` nodes, row k cut at ``num_nodes[k]`` nodes; the other rows empty."""
+        """This batch's rows placed at batch rows ``which`` (distinct, ascending: np.flatnonzero's)
+        of a new batch of ``b`` rows and ``width`` nodes, row k cut at ``num_nodes[k]`` nodes; the
+        other rows empty. Every row asked at this width (a batch whose rows all drafted): the node
+        arrays are shared, not copied (nothing writes a batch after it is made)."""
+        lengths = np.minimum(self.lengths, num_nodes)
+        if len(which) == b and width == self.width:  # which is 0, 1, ..., b - 1
+            return RowTreeBatch(self.tokens, self.parents, self.probs, lengths.astype(np.int32, copy=False))
         out = RowTreeBatch.empty(b, width)
         w = min(width, self.width)
         out.tokens[which, :w], out.parents[which, :w], out.probs[which, :w] = (
             self.tokens[:, :w], self.parents[:, :w], self.probs[:, :w])
-        out.lengths[which] = np.minimum(self.lengths, num_nodes)
+        out.lengths[which] = lengths
         return out

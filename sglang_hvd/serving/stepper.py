@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..calibration import CalibrationInput, OnlineCalibration
-from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, decide, described
+from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, chain_parents, decide, described
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, row_path
@@ -59,12 +59,16 @@ class _Step:
         # per row: whether its cache branch is a chain (its verified nodes' parents -1, 0, 1, ...), and its first node
         parents = plans.cache_parents
         n = parents.shape[1]
+        self.chain: list[bool] = [True] * len(self.cache_lens)
         if n:
-            cols = np.arange(n)
-            self.chain: list[bool] = ((parents == cols - 1) | (cols >= plans.cache_lens[:, None])).all(axis=1).tolist()
+            # only rows grown from a row tree can leave the chain: those whose links differ
+            # anywhere, checked against their verified nodes alone
+            off = parents != chain_parents(n)
+            for i in np.flatnonzero(off.any(axis=1)).tolist():
+                self.chain[i] = int(off[i].argmax()) >= self.cache_lens[i]
             self.first: list[int] = plans.cache_tokens[:, 0].tolist()
         else:  # the off tier: no cache nodes
-            self.chain, self.first = [True] * len(self.cache_lens), [-1] * len(self.cache_lens)
+            self.first = [-1] * len(self.cache_lens)
 
 
 class _Request:
