@@ -146,18 +146,27 @@ def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
     return cache, eagle
 
 
-RowTreeSource = Callable[[np.ndarray], RowTreeBatch]
+RowTreeSource = Callable[[np.ndarray], RowTreeBatch] | RowTreeBatch
 """``trees(rows)``: the row trees (drafter/row_tree.py) of those batch rows, of N-1 nodes
 (the drafter's ``speculate_rows``), asked at most once per batch: for a scorer that reads
 trees, every row with a draft; for one that reads none (the score rule), only the cache
-rows with room for siblings. An input the caller provides, never a call back into it."""
+rows with room for siblings. An input the caller provides, never a call back into it. Or
+the row trees of every row of the batch, made beforehand (the drafter's
+``speculate_step``, for a scorer that reads trees: the serving stepper)."""
 
 
 def _described_trees(trees: RowTreeSource, which: np.ndarray, lens: np.ndarray, siblings: int | np.ndarray, b: int,
                      n: int) -> RowTreeBatch:
     """The row trees of rows ``which`` in a batch of ``b`` rows and ``n`` nodes, each cut at
     the nodes the decision would verify (``described``; other rows: empty)."""
-    return trees(which).scatter(which, b, n, described(lens[which], _of_rows(siblings, which), n))
+    cut = described(lens[which], _of_rows(siblings, which), n)
+    if isinstance(trees, RowTreeBatch):  # every row's, made beforehand: only the lengths change
+        if len(trees) != b or trees.width != n:
+            raise ValueError(f"row trees of {len(trees)} rows x {trees.width} nodes for a batch of {b} x {n}")
+        lengths = np.zeros(b, np.int32)
+        lengths[which] = np.minimum(trees.lengths[which], cut)
+        return RowTreeBatch(trees.tokens, trees.parents, trees.probs, lengths)
+    return trees(which).scatter(which, b, n, cut)
 
 
 def _of_rows(value: int | np.ndarray, rows: np.ndarray):

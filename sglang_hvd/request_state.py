@@ -165,12 +165,12 @@ class RequestState:
         return [self.pos, self.num_prompt_tokens, len(tail), *tail, *_NO_TAIL[len(tail):], *self.history.scalars()]
 
     @staticmethod
-    def pack_rows(states: Sequence[RequestState]) -> list:
-        """The states' rows in StateBatch's packed layout, one list (the native state's returns an array)."""
+    def pack_rows(states: Sequence[RequestState]) -> tuple[np.ndarray, ...]:
+        """The states as StateBatch's arrays, in its fields' order (the native state's: one call)."""
         flat = []
         for s in states:
             flat += s.row()
-        return flat
+        return StateBatch.unpack(flat, len(states))
 
     @staticmethod
     def observe_rows(states: Sequence[RequestState], tokens: Sequence[Sequence[int]]) -> None:
@@ -227,19 +227,19 @@ class StateBatch:
                 raise ValueError(f"a state snapshot holds at most {TAIL_TOKENS} tail tokens and {NUM_HISTORY} history "
                                  f"values, got {len(r.tail)} and {len(r.history)}")
             flat += (r.pos, r.num_prompt_tokens, len(r.tail), *r.tail, *_NO_TAIL[len(r.tail):], *r.history)
-        return cls._unpack(flat, len(rows))
+        return cls(*cls.unpack(flat, len(rows)))
 
     @classmethod
     def of(cls, states: Sequence[RequestState]) -> StateBatch:
         """A decode batch's states (all of one kind: new_request_state's)."""
         if not states:
-            return cls._unpack([], 0)
-        return cls._unpack(type(states[0]).pack_rows(states), len(states))
+            return cls(*cls.unpack([], 0))
+        return cls(*type(states[0]).pack_rows(states))
 
-    @classmethod
-    def _unpack(cls, flat, b: int) -> StateBatch:
-        """B rows of ``_COLUMNS`` values each, in one list or array: one float64 array (token
-        ids and counts are exact in it), cut into the fields."""
+    @staticmethod
+    def unpack(flat, b: int) -> tuple[np.ndarray, ...]:
+        """B rows of ``_COLUMNS`` values each (RequestState.row), in one list: one float64 array
+        (token ids and counts are exact in it), cut into the fields' arrays, in their order."""
         a = np.asarray(flat, dtype=np.float64).reshape(b, _COLUMNS)
         tails = a[:, 3 : 3 + TAIL_TOKENS].astype(np.int64)
-        return cls(a[:, 0], a[:, 1], a[:, 3 + TAIL_TOKENS :].astype(np.float32), tails, a[:, 2].astype(np.int64))
+        return a[:, 0], a[:, 1], a[:, 3 + TAIL_TOKENS :].astype(np.float32), tails, a[:, 2].astype(np.int64)

@@ -126,6 +126,20 @@ def test_a_gate_that_reads_trees_gets_every_drafted_rows_tree_cut_at_chain_plus_
     assert [plans.plan(i) for i in range(3)] == [RowPlan(4, 3), RowPlan(0, 7), RowPlan(0, 7)]
     assert plans.cache_tokens[0, :4].tolist() == [5, 6, 40, 41]
     assert plans.cache_parents[0, :4].tolist() == [-1, 0, -1, -1]
+    # every row's trees made beforehand (the serving stepper's speculate_step): the same features and rows
+    for s in states:
+        s.history = RequestState([1, 2, 3]).history  # (decide recorded the drafts: start over)
+    every = RowTreeBatch.of([rows.get(i, RowTree()) for i in range(3)], 7)
+    gate2 = TreeReadingGate([3.0, 9.0, 0.5])
+    again = decide(gate2, drafts([5, 6], [], [7, 8, 9, 10, 11]), states, shape,
+                   DecisionRule(threshold=1.0, eagle_reserve=1, cache_siblings=2), trees=every)
+    assert gate2.features.tolist() == gate.features.tolist()
+    assert [again.plan(i) for i in range(3)] == [RowPlan(4, 3), RowPlan(0, 7), RowPlan(0, 7)]
+    assert again.cache_tokens.tolist() == plans.cache_tokens.tolist()
+    assert again.cache_parents.tolist() == plans.cache_parents.tolist()
+    with pytest.raises(ValueError, match="row trees of 3 rows x 7 nodes for a batch of 3 x 3"):
+        decide(gate, drafts([5, 6], [], [7, 8, 9, 10, 11]), states, VerifyShape(4, 2, 4),
+               DecisionRule(threshold=1.0, eagle_reserve=1, cache_siblings=2), trees=every)
     # a gate that reads no trees (the score rule): trees only for the cache rows with room
     asked.clear()
     decide(ListGate([3.0, 9.0, 0.5]), drafts([5, 6], [], [7, 8, 9, 10, 11]), states, shape,

@@ -459,6 +459,12 @@ def test_native_row_trees_equal_python_s_in_a_batch_served_as_the_server_does(sh
                 rows = d.speculate_rows(rids, 15)
                 got.append((chains.tokens.tolist(), rows.tokens.tolist(), rows.parents.tolist(), rows.probs.tolist(),
                             rows.lengths.tolist()))
+                # the serving stepper's one call: the same drafts and row trees
+                step_chains, step_rows = d.speculate_step(rids, 15)
+                assert (step_chains.tokens.tolist(), step_rows.tokens.tolist(), step_rows.parents.tolist(),
+                        step_rows.probs.tolist(), step_rows.lengths.tolist()) == got[-1]
+                assert step_chains.score.tolist() == chains.score.tolist()
+                assert step_chains.match_len.tolist() == chains.match_len.tolist()
             assert got[0] == got[1]
             rows_seen += len(rids)
             branching += sum(ps[:n] != list(range(-1, n - 1)) for ps, n in zip(got[0][2], got[0][4]))

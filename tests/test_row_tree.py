@@ -78,6 +78,14 @@ def test_speculate_rows_pack_each_rows_tree_and_leave_rows_without_a_chain_empty
     # certain to 2, then 4 in half of "3 8 1 2"; the sibling 4 in 1 of 4, certain to 7
     assert rows.probs[0].tolist() == [0.5] * 4 + [0.25] * 6
     assert rows.probs[1].tolist() == [0.0] * 10
+    # speculate_step: the chains and the same row trees, in one call
+    chains, step_rows = drafter.speculate_step(["a", "b"], 10)
+    assert chains.lengths.tolist() == [8, 0] and chains.tokens[0, :8].tolist() == [3, 8, 1, 2, 4, 7, 9, 1]
+    assert step_rows.lengths.tolist() == [10, 0]
+    assert step_rows.tokens[0].tolist() == [3, 8, 1, 2, 4, 7, 9, 1, 4, 7]
+    assert step_rows.parents[0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6, -1, 8]
+    assert step_rows.probs[0].tolist() == [0.5] * 4 + [0.25] * 6
+    assert step_rows.tokens[1].tolist() == [-1] * 10
     assert drafter.speculate_rows(["a"], 3).tokens.tolist() == [[3, 8, 1]]  # the chain fills a short row
 
 

@@ -146,7 +146,21 @@ class NativeDrafter:
         except IndexError:
             self._check_running(req_ids)
             raise
-        return RowTreeBatch(a["row_tokens"], a["row_parents"], a["row_probs"], a["row_lengths"])
+        return _row_trees(a)
+
+    def speculate_step(self, req_ids: Sequence[str], max_nodes: int) -> tuple[DraftBatch, RowTreeBatch]:
+        """``speculate_arrays`` and ``speculate_rows`` in one call (GIL released): each row's
+        tree grown right after its chain, while the chain's occurrence set is in the cache."""
+        handles = self._handles_of(req_ids)
+        try:
+            a = self._core.speculate_step(handles, max_nodes)
+        except IndexError:
+            self._check_running(req_ids)
+            raise
+        rows = _row_trees(a)
+        for k in _ROW_KEYS:
+            del a[k]
+        return DraftBatch(**a), rows
 
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
         batch = self.speculate_arrays(req_ids)
@@ -176,6 +190,14 @@ class NativeDrafter:
         if h is None or not self._core.is_running(h):
             raise KeyError(f"request {req_id!r} is not running (start_request first)")
         return h
+
+
+_ROW_KEYS = ("row_tokens", "row_parents", "row_probs", "row_lengths")
+
+
+def _row_trees(a: dict) -> RowTreeBatch:
+    """The row trees of a core call's arrays (``row_tokens``, ...)."""
+    return RowTreeBatch(*(a[k] for k in _ROW_KEYS))
 
 
 if _native is not None:

@@ -99,6 +99,10 @@ class SuffixDrafter:
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
         return [self.speculate(r) for r in req_ids]
 
+    def speculate_step(self, req_ids: Sequence[str], max_nodes: int) -> tuple[DraftBatch, RowTreeBatch]:
+        """``speculate_arrays`` and ``speculate_rows`` of the batch (the native drafter's one call)."""
+        return self.speculate_arrays(req_ids), self.speculate_rows(req_ids, max_nodes)
+
     def speculate_arrays(self, req_ids: Sequence[str]) -> DraftBatch:
         return DraftBatch.of(self.speculate_batch(req_ids), self.config.max_spec_tokens)
 

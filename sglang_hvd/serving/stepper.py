@@ -32,7 +32,7 @@ from ..scorer import ServedScorer
 from ..step_profile import EXTEND_EVERY_STEP, HOST_HVD
 from ..tiers import eagle3_cap
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
-from ..verify import VerifyShape
+from ..verify import MAX_TREE_NODES, VerifyShape
 from .eagle3_yield import Eagle3Yield
 from .status import rates
 
@@ -150,6 +150,13 @@ class HVDStepper:
         self.calibration = calibration
 
     @property
+    def _trees_first(self) -> bool:
+        """Whether decide asks every drafted row's tree (a scorer that reads trees, cache siblings
+        at a tree shape: decision.decide's rule): the drafter makes them with the drafts."""
+        return (self.gate is not None and self.gate.reads_trees and self.rule.cache_siblings > 0
+                and self.shape.allows_branches and self.shape.draft_nodes <= MAX_TREE_NODES)
+
+    @property
     def threshold(self) -> float:
         return self.rule.threshold
 
@@ -254,14 +261,18 @@ class HVDStepper:
         if self.eagle3_yield is not None and self.stats.steps % EAGLE3_REFRESH_STEPS == EAGLE3_REFRESH_STEPS - 1:
             self._refresh_eagle3()
         states = [self._reqs[r] for r in rids]
-        arrays = self.drafter.speculate_arrays(rids)
-
         asked: list[tuple[np.ndarray, RowTreeBatch]] = []  # the row trees decide asked for (labels read them)
+        n = self.shape.draft_nodes
+        if self._trees_first:  # decide asks every drafted row's tree: drafted together, in one call
+            arrays, trees = self.drafter.speculate_step(rids, n)
+            asked.append((np.arange(len(rids)), trees))
+        else:
+            arrays = self.drafter.speculate_arrays(rids)
 
-        def trees(rows: np.ndarray) -> RowTreeBatch:  # the drafted rows (tree features) or those with room
-            got = self.drafter.speculate_rows([rids[i] for i in rows], self.shape.draft_nodes)
-            asked.append((rows, got))
-            return got
+            def trees(rows: np.ndarray) -> RowTreeBatch:  # the cache rows with room (a scorer without tree features)
+                got = self.drafter.speculate_rows([rids[i] for i in rows], n)
+                asked.append((rows, got))
+                return got
 
         step = self.cycle[self.stats.steps % len(self.cycle)] if self.cycle else self.step
         timed = isinstance(step, CostRule) or self.time_profile is not None

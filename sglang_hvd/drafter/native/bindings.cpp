@@ -32,6 +32,91 @@ static py::tuple draft_tuple(const Draft& d) {
     return py::make_tuple(tokens, probs, counts, d.score, d.match_len, d.match_count, d.tree);
 }
 
+// A decode batch's chain drafts as arrays, made in ``out`` (with the GIL) and filled row by row
+// (without it): tokens/probs/child_counts [B, w] (padded with -1 / 0 / 0), lengths, match_len,
+// match_count, score, tree [B].
+class DraftArrays {
+public:
+    DraftArrays(py::dict& out, py::ssize_t b, py::ssize_t w)
+        : w_(w), tokens_({b, w}), probs_({b, w}), counts_({b, w}), lengths_(b), match_len_(b), tree_(b),
+          match_count_(b), score_(b), T_(tokens_.mutable_unchecked<2>()), P_(probs_.mutable_unchecked<2>()),
+          C_(counts_.mutable_unchecked<2>()), L_(lengths_.mutable_unchecked<1>()), M_(match_len_.mutable_unchecked<1>()),
+          K_(match_count_.mutable_unchecked<1>()), S_(score_.mutable_unchecked<1>()), R_(tree_.mutable_unchecked<1>()) {
+        out["tokens"] = tokens_;
+        out["probs"] = probs_;
+        out["child_counts"] = counts_;
+        out["lengths"] = lengths_;
+        out["match_len"] = match_len_;
+        out["match_count"] = match_count_;
+        out["score"] = score_;
+        out["tree"] = tree_;
+    }
+
+    void put(py::ssize_t i, const Draft& d) {
+        const py::ssize_t n = static_cast<py::ssize_t>(d.tokens.size());
+        for (py::ssize_t k = 0; k < w_; ++k) {
+            T_(i, k) = k < n ? d.tokens[k] : -1;
+            P_(i, k) = k < n ? d.probs[k] : 0.0;
+            C_(i, k) = k < n ? d.child_counts[k] : 0;
+        }
+        L_(i) = static_cast<int32_t>(n);
+        M_(i) = d.match_len;
+        K_(i) = d.match_count;
+        S_(i) = d.score;
+        R_(i) = d.tree;
+    }
+
+private:
+    py::ssize_t w_;
+    py::array_t<int32_t> tokens_;
+    py::array_t<double> probs_;
+    py::array_t<int64_t> counts_;
+    py::array_t<int32_t> lengths_, match_len_, tree_;
+    py::array_t<int64_t> match_count_;
+    py::array_t<double> score_;
+    py::detail::unchecked_mutable_reference<int32_t, 2> T_;
+    py::detail::unchecked_mutable_reference<double, 2> P_;
+    py::detail::unchecked_mutable_reference<int64_t, 2> C_;
+    py::detail::unchecked_mutable_reference<int32_t, 1> L_, M_;
+    py::detail::unchecked_mutable_reference<int64_t, 1> K_;
+    py::detail::unchecked_mutable_reference<double, 1> S_;
+    py::detail::unchecked_mutable_reference<int32_t, 1> R_;
+};
+
+// A batch's row trees as arrays, made and filled as DraftArrays: row_tokens/row_parents
+// [B, max_nodes] (-1 padded), row_probs [B, max_nodes] (0 padded), row_lengths [B].
+class RowArrays {
+public:
+    RowArrays(py::dict& out, py::ssize_t b, int max_nodes)
+        : w_(max_nodes), tokens_({b, w_}), parents_({b, w_}), probs_({b, w_}), lengths_(b),
+          T_(tokens_.mutable_unchecked<2>()), P_(parents_.mutable_unchecked<2>()), Q_(probs_.mutable_unchecked<2>()),
+          L_(lengths_.mutable_unchecked<1>()) {
+        out["row_tokens"] = tokens_;
+        out["row_parents"] = parents_;
+        out["row_probs"] = probs_;
+        out["row_lengths"] = lengths_;
+    }
+
+    void put(py::ssize_t i, const hvd::RowTree& row) {
+        const py::ssize_t n = static_cast<py::ssize_t>(row.tokens.size());
+        for (py::ssize_t k = 0; k < w_; ++k) {
+            T_(i, k) = k < n ? row.tokens[k] : -1;
+            P_(i, k) = k < n ? row.parents[k] : -1;
+            Q_(i, k) = k < n ? row.probs[k] : 0.0;
+        }
+        L_(i) = static_cast<int32_t>(n);
+    }
+
+private:
+    py::ssize_t w_;
+    py::array_t<int32_t> tokens_, parents_;
+    py::array_t<double> probs_;
+    py::array_t<int32_t> lengths_;
+    py::detail::unchecked_mutable_reference<int32_t, 2> T_, P_;
+    py::detail::unchecked_mutable_reference<double, 2> Q_;
+    py::detail::unchecked_mutable_reference<int32_t, 1> L_;
+};
+
 PYBIND11_MODULE(_native, m) {
     m.doc() = "Native SuffixDecoding drafter core (see sglang_hvd/drafter/native/)";
     py::class_<SuffixDrafter>(m, "Core")
@@ -109,33 +194,12 @@ PYBIND11_MODULE(_native, m) {
                  // [B, max_nodes] (0 padded), row_lengths [B].
                  if (max_nodes < 1) throw std::invalid_argument("max_nodes must be >= 1");
                  auto r = reqs.unchecked<1>();
-                 const py::ssize_t b = r.shape(0);
-                 py::array_t<int32_t> tokens({b, static_cast<py::ssize_t>(max_nodes)});
-                 py::array_t<int32_t> parents({b, static_cast<py::ssize_t>(max_nodes)});
-                 py::array_t<double> probs({b, static_cast<py::ssize_t>(max_nodes)});
-                 py::array_t<int32_t> lengths(b);
-                 auto T = tokens.mutable_unchecked<2>();
-                 auto P = parents.mutable_unchecked<2>();
-                 auto Q = probs.mutable_unchecked<2>();
-                 auto L = lengths.mutable_unchecked<1>();
+                 py::dict out;
+                 RowArrays rows(out, r.shape(0), max_nodes);
                  {
                      py::gil_scoped_release nogil;
-                     for (py::ssize_t i = 0; i < b; ++i) {
-                         hvd::RowTree row = s.speculate_row(r(i), max_nodes);
-                         const py::ssize_t n = static_cast<py::ssize_t>(row.tokens.size());
-                         for (py::ssize_t k = 0; k < max_nodes; ++k) {
-                             T(i, k) = k < n ? row.tokens[k] : -1;
-                             P(i, k) = k < n ? row.parents[k] : -1;
-                             Q(i, k) = k < n ? row.probs[k] : 0.0;
-                         }
-                         L(i) = static_cast<int32_t>(n);
-                     }
+                     for (py::ssize_t i = 0; i < r.shape(0); ++i) rows.put(i, s.speculate_row(r(i), max_nodes));
                  }
-                 py::dict out;
-                 out["row_tokens"] = tokens;
-                 out["row_parents"] = parents;
-                 out["row_probs"] = probs;
-                 out["row_lengths"] = lengths;
                  return out;
              })
         .def("speculate_batch",
@@ -143,48 +207,30 @@ PYBIND11_MODULE(_native, m) {
                  // Arrays for a decode batch: tokens/probs/child_counts are [B, max_spec_tokens]
                  // (padded with -1 / 0), the rest [B].
                  auto r = reqs.unchecked<1>();
-                 const py::ssize_t b = r.shape(0);
-                 const py::ssize_t w = s.config().max_spec_tokens;
-                 py::array_t<int32_t> tokens({b, w});
-                 py::array_t<double> probs({b, w});
-                 py::array_t<int64_t> counts({b, w});
-                 py::array_t<int32_t> lengths(b), match_len(b), tree(b);
-                 py::array_t<int64_t> match_count(b);
-                 py::array_t<double> score(b);
-                 auto T = tokens.mutable_unchecked<2>();
-                 auto P = probs.mutable_unchecked<2>();
-                 auto C = counts.mutable_unchecked<2>();
-                 auto L = lengths.mutable_unchecked<1>();
-                 auto M = match_len.mutable_unchecked<1>();
-                 auto K = match_count.mutable_unchecked<1>();
-                 auto S = score.mutable_unchecked<1>();
-                 auto R = tree.mutable_unchecked<1>();
+                 py::dict out;
+                 DraftArrays drafts(out, r.shape(0), s.config().max_spec_tokens);
                  {
                      py::gil_scoped_release nogil;
-                     for (py::ssize_t i = 0; i < b; ++i) {
-                         const Draft& d = s.speculated(r(i));
-                         const py::ssize_t n = static_cast<py::ssize_t>(d.tokens.size());
-                         for (py::ssize_t k = 0; k < w; ++k) {
-                             T(i, k) = k < n ? d.tokens[k] : -1;
-                             P(i, k) = k < n ? d.probs[k] : 0.0;
-                             C(i, k) = k < n ? d.child_counts[k] : 0;
-                         }
-                         L(i) = static_cast<int32_t>(n);
-                         M(i) = d.match_len;
-                         K(i) = d.match_count;
-                         S(i) = d.score;
-                         R(i) = d.tree;
+                     for (py::ssize_t i = 0; i < r.shape(0); ++i) drafts.put(i, s.speculated(r(i)));
+                 }
+                 return out;
+             })
+        .def("speculate_step",
+             [](SuffixDrafter& s, I64 reqs, int max_nodes) {
+                 // speculate_batch's arrays and speculate_rows' in one dict, each row's tree grown
+                 // right after its chain (the chain's occurrence set still in the cache).
+                 if (max_nodes < 1) throw std::invalid_argument("max_nodes must be >= 1");
+                 auto r = reqs.unchecked<1>();
+                 py::dict out;
+                 DraftArrays drafts(out, r.shape(0), s.config().max_spec_tokens);
+                 RowArrays rows(out, r.shape(0), max_nodes);
+                 {
+                     py::gil_scoped_release nogil;
+                     for (py::ssize_t i = 0; i < r.shape(0); ++i) {
+                         drafts.put(i, s.speculated(r(i)));
+                         rows.put(i, s.speculate_row(r(i), max_nodes));
                      }
                  }
-                 py::dict out;
-                 out["tokens"] = tokens;
-                 out["probs"] = probs;
-                 out["child_counts"] = counts;
-                 out["lengths"] = lengths;
-                 out["match_len"] = match_len;
-                 out["match_count"] = match_count;
-                 out["score"] = score;
-                 out["tree"] = tree;
                  return out;
              })
         .def("context", [](SuffixDrafter& s, int64_t req) {
@@ -358,12 +404,29 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("num_prompt_tokens", &RequestState::num_prompt_tokens)
         .def_property_readonly("tail", &RequestState::tail)
         // A batch's states in StateBatch's packed layout: [B, columns] float64, one call.
+        // The states as StateBatch's arrays: pos, num_prompt_tokens [B] float64, history [B, H]
+        // float32, tails [B, T] int64 (-1 padded), tail_lens [B] int64 (request_state.StateBatch).
         .def_static("pack_rows", [](const py::sequence& states) {
             const py::ssize_t b = static_cast<py::ssize_t>(py::len(states));
-            py::array_t<double> out({b, static_cast<py::ssize_t>(hvd::kColumns)});
-            double* o = out.mutable_data();
-            for (py::ssize_t i = 0; i < b; ++i) states[i].cast<const RequestState&>().row(o + i * hvd::kColumns);
-            return out;
+            constexpr py::ssize_t kT = hvd::kTailTokens, kH = hvd::kNumHistory;
+            py::array_t<double> pos(b), prompt(b);
+            py::array_t<float> history({b, kH});
+            py::array_t<int64_t> tails({b, kT}), tail_lens(b);
+            double* p = pos.mutable_data();
+            double* q = prompt.mutable_data();
+            float* h = history.mutable_data();
+            int64_t* t = tails.mutable_data();
+            int64_t* n = tail_lens.mutable_data();
+            double row[hvd::kColumns];
+            for (py::ssize_t i = 0; i < b; ++i) {
+                states[i].cast<const RequestState&>().row(row);  // (its packed row: pos, prompt, tail length, ...)
+                p[i] = row[0];
+                q[i] = row[1];
+                n[i] = static_cast<int64_t>(row[2]);
+                for (py::ssize_t k = 0; k < kT; ++k) t[i * kT + k] = static_cast<int64_t>(row[3 + k]);
+                for (py::ssize_t k = 0; k < kH; ++k) h[i * kH + k] = static_cast<float>(row[3 + kT + k]);
+            }
+            return py::make_tuple(pos, prompt, history, tails, tail_lens);
         })
         // Each state's emitted tokens (tokens[i] into states[i]), one call for a step's rows.
         .def_static("observe_rows", [](const py::sequence& states, const std::vector<std::vector<int32_t>>& tokens) {
