@@ -131,32 +131,16 @@ class NativeDrafter:
 
     def speculate_arrays(self, req_ids: Sequence[str]) -> DraftBatch:
         """Drafts of a decode batch (GIL released), padded to max_spec_tokens."""
-        handles = self._handles_of(req_ids)
-        try:
-            return DraftBatch(**self._core.speculate_batch(handles))
-        except IndexError:  # the core refused a request that is not running: name it
-            self._check_running(req_ids)
-            raise
+        return DraftBatch(**self._batch_call(self._core.speculate_batch, req_ids))
 
     def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> RowTreeBatch:
         """The row trees of a batch (row_tree.py; GIL released), padded to ``max_nodes``."""
-        handles = self._handles_of(req_ids)
-        try:
-            a = self._core.speculate_rows(handles, max_nodes)
-        except IndexError:
-            self._check_running(req_ids)
-            raise
-        return _row_trees(a)
+        return _row_trees(self._batch_call(self._core.speculate_rows, req_ids, max_nodes))
 
     def speculate_step(self, req_ids: Sequence[str], max_nodes: int) -> tuple[DraftBatch, RowTreeBatch]:
         """``speculate_arrays`` and ``speculate_rows`` in one call (GIL released): each row's
         tree grown right after its chain, while the chain's occurrence set is in the cache."""
-        handles = self._handles_of(req_ids)
-        try:
-            a = self._core.speculate_step(handles, max_nodes)
-        except IndexError:
-            self._check_running(req_ids)
-            raise
+        a = self._batch_call(self._core.speculate_step, req_ids, max_nodes)
         rows = _row_trees(a)
         for k in _ROW_KEYS:
             del a[k]
@@ -176,6 +160,15 @@ class NativeDrafter:
                 "bytes_per_token": nbytes / max(1, cached + local), "evicted_responses": float(self._core.evicted()),
                 "compactions": float(self._core.compactions()),
                 "reused_prompt_tokens": float(self._core.reused_prompt_tokens())}
+
+    def _batch_call(self, call, req_ids: Sequence[str], *args) -> dict:
+        """A core batch call on the requests' handles; one the core refuses (a request that is
+        not running) raises naming it."""
+        try:
+            return call(self._handles_of(req_ids), *args)
+        except IndexError:
+            self._check_running(req_ids)
+            raise
 
     def _handles_of(self, req_ids: Sequence[str]) -> np.ndarray:
         """The requests' handles (-1: unknown), unchecked: a batch call's core checks them."""
