@@ -33,4 +33,4 @@ def test_flags_out_of_range_are_refused_before_any_work(capsys):
     bs = bench_script("bench_steady")
     with pytest.raises(SystemExit):
         bs.main(["missing.jsonl.gz", "--in-flight", "0"])
-    assert "--in-flight: a positive integer, got 0" in capsys.readouterr().err
+    assert "--in-flight: expected a positive integer, got 0" in capsys.readouterr().err

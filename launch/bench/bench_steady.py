@@ -20,22 +20,13 @@ import time
 
 import numpy as np
 
+from sglang_hvd.cli.common import positive_int
 from sglang_hvd.drafter import DrafterConfig, create_drafter
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.report import progress
 from sglang_hvd.trace import iter_traces
 
 TOKENS_PER_STEP = 3
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a positive integer, got {value}")
-    return value
 
 
 def serve(records, repeat: int, in_flight: int, global_max_tokens: int) -> tuple[np.ndarray, dict]:
@@ -75,12 +66,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="+", metavar="TRACES", help="token traces (hvd import / collect)")
-    p.add_argument("--repeat", type=_positive, default=14, metavar="N",
+    p.add_argument("--repeat", type=positive_int, default=14, metavar="N",
                    help="passes over the traces (default: %(default)s: dev.jsonl.gz's 465k response tokens x 14 "
                         "overfill the default cache about three times)")
-    p.add_argument("--in-flight", type=_positive, default=64, metavar="B",
+    p.add_argument("--in-flight", type=positive_int, default=64, metavar="B",
                    help="requests at a time (default: %(default)s)")
-    p.add_argument("--global-max-tokens", type=_positive, default=DrafterConfig().global_max_tokens, metavar="T",
+    p.add_argument("--global-max-tokens", type=positive_int, default=DrafterConfig().global_max_tokens, metavar="T",
                    help="the global cache's token budget (default: the drafter's, %(default)s)")
     p.add_argument("--sources", metavar="S1,S2", help="only these sources (default: all)")
     a = p.parse_args(argv)
