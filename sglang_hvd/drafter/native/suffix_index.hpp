@@ -5,14 +5,14 @@
 // follow from where strings end. What differs is how lookups are made fast:
 //
 //   bigram index   (prev, tok) -> arena positions of tok preceded by prev, in the order
-//                  they were appended (stamp order: a moved document's entries are sorted
-//                  back into place on the next lookup); may hold stale entries of moved or
-//                  removed documents, filtered on lookup
+//                  they were appended (stamp order: a list holding a moved document's
+//                  entries is marked and sorted back into place on its next lookup); may
+//                  hold stale entries of moved or removed documents, filtered on lookup
 //   token counts   live occurrences of each token
 //   successors     prev -> {tok: (count, newest stamp)} with the best child cached, so a
 //                  one-token pattern needs no scan of its (possibly huge) occurrence set
 //
-// Positions are never reused until a compaction, which rebuilds the bigram index.
+// Positions are never reused until a compaction, which moves the bigram lists' live entries.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,6 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -81,7 +80,8 @@ public:
         for (int64_t i = cut; i < end; ++i) {
             uncount(i, repair);
             if (arena_[i - 1] < 0) continue;
-            std::vector<int32_t>* list = bigrams_.find(bigram_key(arena_[i - 1], arena_[i]));
+            Postings* found = bigrams_.find(bigram_key(arena_[i - 1], arena_[i]));
+            std::vector<int32_t>* list = found ? &found->ends : nullptr;
             while (list && !list->empty() && list->back() >= cut && list->back() < end) list->pop_back();
         }
         for (int64_t i = d.start + keep; i < d.start + d.len; ++i) arena_[i] = SENTINEL;
@@ -128,10 +128,13 @@ public:
     void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out, int64_t limit) {
         out.clear();
         uint64_t key = bigram_key(prev, tok);
-        std::vector<int32_t>* found = bigrams_.find(key);
+        Postings* found = bigrams_.find(key);
         if (!found) return;
-        if (!unsorted_.empty() && unsorted_.erase(key)) restore_stamp_order(*found, prev, tok);
-        const std::vector<int32_t>& list = *found;
+        if (found->unsorted) {
+            restore_stamp_order(found->ends, prev, tok);
+            found->unsorted = false;
+        }
+        const std::vector<int32_t>& list = found->ends;
         for (auto r = list.rbegin(); r != list.rend() && static_cast<int64_t>(out.size()) < limit; ++r)
             if (arena_[*r] == tok && arena_[*r - 1] == prev) out.push_back(*r);
         std::reverse(out.begin(), out.end());
@@ -173,8 +176,8 @@ public:
 
     size_t nbytes() const {
         size_t b = arena_.capacity() * sizeof(int32_t) + stamps_.capacity() * sizeof(int64_t);
-        b += bigrams_.capacity() * (sizeof(uint64_t) + sizeof(std::vector<int32_t>));
-        bigrams_.for_each([&](uint64_t, const std::vector<int32_t>& v) { b += v.capacity() * sizeof(int32_t); });
+        b += bigrams_.capacity() * (sizeof(uint64_t) + sizeof(Postings));
+        bigrams_.for_each([&](uint64_t, const Postings& v) { b += v.ends.capacity() * sizeof(int32_t); });
         b += counts_.capacity() * (sizeof(int32_t) + sizeof(int64_t));
         b += succ_.capacity() * (sizeof(int32_t) + sizeof(Successors));
         succ_.for_each([&](int32_t, const Successors& s) { b += s.children.capacity() * (sizeof(int32_t) + sizeof(Child)); });
@@ -215,8 +218,8 @@ private:
             Child* c = succ_.find(prev)->children.find(tok);
             if (!c) continue;
             int64_t newest = -1;
-            if (const std::vector<int32_t>* list = bigrams_.find(bigram_key(prev, tok)))
-                for (int32_t e : *list)
+            if (const Postings* list = bigrams_.find(bigram_key(prev, tok)))
+                for (int32_t e : list->ends)
                     if (arena_[e] == tok && arena_[e - 1] == prev) newest = std::max(newest, stamps_[e]);
             c->newest = newest;
         }
@@ -246,7 +249,7 @@ private:
             counts_[tok] += 1;
             int32_t prev = arena_[i - 1];
             if (prev >= 0) {
-                bigrams_[bigram_key(prev, tok)].push_back(static_cast<int32_t>(i));
+                bigrams_[bigram_key(prev, tok)].ends.push_back(static_cast<int32_t>(i));
                 Successors& s = succ_[prev];
                 Child& c = s.children[tok];
                 c.count += 1;
@@ -270,9 +273,9 @@ private:
             arena_[d.start + k] = SENTINEL;
         }
         for (int64_t k = 1; k < d.len; ++k) {
-            uint64_t key = bigram_key(arena_[start + k - 1], arena_[start + k]);
-            bigrams_[key].push_back(static_cast<int32_t>(start + k));
-            unsorted_.insert(key);
+            Postings& list = bigrams_[bigram_key(arena_[start + k - 1], arena_[start + k])];
+            list.ends.push_back(static_cast<int32_t>(start + k));
+            list.unsorted = true;
         }
         dead_ += d.cap + 1;
         moved = Doc{start, d.len, new_cap};
@@ -294,7 +297,7 @@ private:
 
     // Documents packed from the arena's start, in their order there, each keeping its spare
     // room. The bigram lists are not rebuilt: each keeps its live entries, moved with their
-    // documents, in the order they were in (stamp order, but for lists still in unsorted_,
+    // documents, in the order they were in (stamp order, but for lists still marked unsorted,
     // sorted at their next lookup), and drops those of removed or moved-away copies. A
     // rebuild (every live token re-inserted into the table, every list sorted) stalled the
     // step that compacted a full 2 M-token cache for ~0.5 s.
@@ -318,17 +321,15 @@ private:
             size += d.cap + 1;
         }
         std::vector<uint64_t> emptied;
-        bigrams_.for_each([&](uint64_t key, std::vector<int32_t>& list) {
+        bigrams_.for_each([&](uint64_t key, Postings& postings) {
+            std::vector<int32_t>& list = postings.ends;
             size_t w = 0;
             for (int32_t e : list)
                 if (e < size_ && moved_to[e] >= 0) list[w++] = moved_to[e];
             list.resize(w);
             if (w == 0) emptied.push_back(key);
         });
-        for (uint64_t key : emptied) {
-            bigrams_.erase(key);
-            unsorted_.erase(key);
-        }
+        for (uint64_t key : emptied) bigrams_.erase(key);
         arena_.swap(arena);
         stamps_.swap(stamps);
         size_ = size;
@@ -341,8 +342,13 @@ private:
     std::vector<int64_t> stamps_;
     int64_t size_ = 0, clock_ = 0, num_live_ = 0, dead_ = 0, compactions_ = 0;
     std::unordered_map<int64_t, Doc> docs_;
-    FlatMap<uint64_t, std::vector<int32_t>, UINT64_MAX> bigrams_;
-    std::unordered_set<uint64_t> unsorted_;  // lists holding a moved document's entries out of stamp order
+    // A bigram's end positions, in the order they were appended; ``unsorted``: a moved
+    // document's entries were appended with their old stamps (sorted back at the next lookup).
+    struct Postings {
+        std::vector<int32_t> ends;
+        bool unsorted = false;
+    };
+    FlatMap<uint64_t, Postings, UINT64_MAX> bigrams_;
     FlatMap<int32_t, int64_t, -1> counts_;
     FlatMap<int32_t, Successors, -1> succ_;
 };
