@@ -87,7 +87,13 @@ def free_port() -> int:
 
 
 class ServerStartError(RuntimeError):
-    pass
+    def __init__(self, message: str, port_taken: bool = False):
+        super().__init__(message)
+        self.port_taken = port_taken  # it exited because its port was taken (the log says so)
+
+
+PORT_TAKEN = "address already in use"  # uvicorn's line when the server's port is bound already
+PORT_RETRIES = 2  # new ports tried when another process took the one free_port() found before the server bound it
 
 
 def _tail(path: str, lines: int = 60) -> str:
@@ -231,8 +237,23 @@ def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict 
     healthy within ``startup_timeout`` the server is killed and ``ServerStartError``
     carries the command and the log tail. The server's working directory is ``log_dir``:
     paths in ``extra_args`` must be absolute (``model_dir`` and ``log_dir`` are made so).
+    A server on a port of ``free_port()``'s that exits because another process bound that
+    port first (servers starting side by side pick their internal ports too) is started
+    again on a new one, up to PORT_RETRIES times.
     """
-    port = port or free_port()
+    for attempt in range(PORT_RETRIES + 1):
+        try:
+            return _start_server(model_dir, extra_args, env, startup_timeout=startup_timeout, log_dir=log_dir,
+                                 port=port or free_port(), base_args=base_args, python=python, launcher=launcher)
+        except ServerStartError as e:
+            if port is not None or not e.port_taken or attempt == PORT_RETRIES:
+                raise
+
+
+def _start_server(model_dir: str, extra_args: list[str] | None, env: dict | None, *, startup_timeout: float,
+                  log_dir: str | None, port: int, base_args: list[str] | None, python: str,
+                  launcher: str) -> SGLangServer:
+    """One try of ``start_server`` on ``port``."""
     # The server runs in the log folder: a relative model folder would point elsewhere there.
     model_dir = os.path.abspath(model_dir) if os.path.exists(model_dir) else model_dir
     args = [python, "-m", launcher, "--model-path", model_dir, "--host", "127.0.0.1", "--port", str(port),
@@ -244,9 +265,10 @@ def start_server(model_dir: str, extra_args: list[str] | None = None, env: dict 
     try:
         while True:
             if proc.poll() is not None:
+                tail = server.log_tail(80)
                 raise ServerStartError(f"SGLang server exited with code {proc.returncode} during start-up\n"
                                        f"command: {' '.join(args)}\n"
-                                       f"--- log tail ({log_path}) ---\n{server.log_tail(80)}")
+                                       f"--- log tail ({log_path}) ---\n{tail}", port_taken=PORT_TAKEN in tail)
             if server.healthy():
                 break
             if time.time() - started > startup_timeout:
