@@ -155,6 +155,13 @@ the row trees of every row of the batch, made beforehand (the drafter's
 ``speculate_step``, for a scorer that reads trees: the serving stepper)."""
 
 
+def reads_row_trees(scorer: Scorer | None, shape: VerifyShape) -> bool:
+    """Whether ``decide`` asks every drafted row's tree before scoring, at ``shape``, of the
+    rows whose rule adds cache siblings: a scorer with tree features, a shape that grows trees."""
+    return (scorer is not None and scorer.reads_trees and shape.allows_branches
+            and shape.draft_nodes <= MAX_TREE_NODES)
+
+
 def _described_trees(trees: RowTreeSource, which: np.ndarray, lens: np.ndarray, siblings: int | np.ndarray, b: int,
                      n: int) -> RowTreeBatch:
     """The row trees of rows ``which`` in a batch of ``b`` rows and ``n`` nodes, each cut at
@@ -236,8 +243,7 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     survival = None  # [B, W] the gate's payoff curve, where it learned one
     lens_list = lens.tolist()
     if scorer is not None and any(lens_list):
-        grows_at_shape = trees is not None and shape.allows_branches and shape.draft_nodes <= MAX_TREE_NODES
-        if grows_at_shape and scorer.reads_trees and (want := np.flatnonzero(judged & grows)).size:
+        if trees is not None and reads_row_trees(scorer, shape) and (want := np.flatnonzero(judged & grows)).size:
             described_trees = _described_trees(trees, want, lens, siblings, b, shape.draft_nodes)
         try:
             pred, survival = predictions(scorer, drafts, StateBatch.of(states), described_trees)

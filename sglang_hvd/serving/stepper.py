@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..calibration import CalibrationInput, OnlineCalibration
-from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, chain_parents, decide, described
+from ..decision import BatchPlan, CostRule, DecisionRule, StepMode, chain_parents, decide, described, reads_row_trees
 from ..drafter.batch import RowTreeBatch
 from ..drafter.protocol import Drafter
 from ..drafter.row_tree import branch, row_path
@@ -32,7 +32,7 @@ from ..scorer import ServedScorer
 from ..step_profile import EXTEND_EVERY_STEP, HOST_HVD
 from ..tiers import eagle3_cap
 from ..trace import TokenizerId, TraceRecord, TraceStep, token_array
-from ..verify import MAX_TREE_NODES, VerifyShape
+from ..verify import VerifyShape
 from .eagle3_yield import Eagle3Yield
 from .status import rates
 
@@ -151,10 +151,9 @@ class HVDStepper:
 
     @property
     def _trees_first(self) -> bool:
-        """Whether decide asks every drafted row's tree (a scorer that reads trees, cache siblings
-        at a tree shape: decision.decide's rule): the drafter makes them with the drafts."""
-        return (self.gate is not None and self.gate.reads_trees and self.rule.cache_siblings > 0
-                and self.shape.allows_branches and self.shape.draft_nodes <= MAX_TREE_NODES)
+        """Whether decide asks every drafted row's tree (decision.reads_row_trees, with cache
+        siblings): the drafter makes them with the drafts."""
+        return self.rule.cache_siblings > 0 and reads_row_trees(self.gate, self.shape)
 
     @property
     def threshold(self) -> float:
