@@ -8,9 +8,11 @@
 //                  they were appended (stamp order: a list holding a moved document's
 //                  entries is marked and sorted back into place on its next lookup); may
 //                  hold stale entries of moved or removed documents, filtered on lookup
-//   token counts   live occurrences of each token
-//   successors     prev -> {tok: (count, newest stamp)} with the best child cached, so a
-//                  one-token pattern needs no scan of its (possibly huge) occurrence set
+//   tokens         tok -> its live occurrences, and its successors {next: (count, newest
+//                  stamp)} with the best child cached, so a one-token pattern needs no scan
+//                  of its (possibly huge) occurrence set. One record per token: an append
+//                  counts a token and updates its predecessor's successors, and the
+//                  predecessor's record is the one its own append touched just before
 //
 // Positions are never reused until a compaction, which moves the bigram lists' live entries.
 #pragma once
@@ -50,8 +52,7 @@ public:
         if (docs_.count(doc)) throw std::invalid_argument("document already exists");
         if (n > 1024) {  // a long prompt: size the tables once instead of rehashing as they grow
             bigrams_.reserve(bigrams_.size() + static_cast<size_t>(n));
-            succ_.reserve(succ_.size() + static_cast<size_t>(n / 4));
-            counts_.reserve(counts_.size() + static_cast<size_t>(n / 4));
+            tokens_.reserve(tokens_.size() + static_cast<size_t>(n / 4));
         }
         int64_t start = reserve(n + spare + 1);
         docs_[doc] = Doc{start, 0, n + spare};
@@ -119,8 +120,8 @@ public:
     int64_t num_compactions() const { return compactions_; }
 
     int64_t count(int32_t tok) const {
-        const int64_t* c = counts_.find(tok);
-        return c ? *c : 0;
+        const Token* t = tokens_.find(tok);
+        return t ? t->count : 0;
     }
 
     // Live end positions of the bigram (prev, tok), oldest first (ascending stamps).
@@ -143,14 +144,14 @@ public:
     // Every token seen after `prev`: (token, live count, newest stamp).
     void successors(int32_t prev, std::vector<std::tuple<int32_t, int64_t, int64_t>>& out) const {
         out.clear();
-        const Successors* s = succ_.find(prev);
+        const Token* s = tokens_.find(prev);
         if (!s) return;
         s->children.for_each([&](int32_t tok, const Child& c) { out.emplace_back(tok, c.count, c.newest); });
     }
 
     // Live occurrences of the bigram (prev, tok).
     int64_t pair_count(int32_t prev, int32_t tok) const {
-        const Successors* s = succ_.find(prev);
+        const Token* s = tokens_.find(prev);
         if (!s) return 0;
         const Child* c = s->children.find(tok);
         return c ? c->count : 0;
@@ -158,9 +159,9 @@ public:
 
     // The most frequent token after `prev` (ties: the most recently appended). False if none.
     bool best_successor(int32_t prev, int32_t& tok, int64_t& count) {
-        Successors* found = succ_.find(prev);
+        Token* found = tokens_.find(prev);
         if (!found || found->children.empty()) return false;
-        Successors& s = *found;
+        Token& s = *found;
         if (s.dirty) {
             s.best = -1;
             int64_t bc = -1, bs = -1;
@@ -178,9 +179,8 @@ public:
         size_t b = arena_.capacity() * sizeof(int32_t) + stamps_.capacity() * sizeof(int64_t);
         b += bigrams_.capacity() * (sizeof(uint64_t) + sizeof(Postings));
         bigrams_.for_each([&](uint64_t, const Postings& v) { b += v.ends.capacity() * sizeof(int32_t); });
-        b += counts_.capacity() * (sizeof(int32_t) + sizeof(int64_t));
-        b += succ_.capacity() * (sizeof(int32_t) + sizeof(Successors));
-        succ_.for_each([&](int32_t, const Successors& s) { b += s.children.capacity() * (sizeof(int32_t) + sizeof(Child)); });
+        b += tokens_.capacity() * (sizeof(int32_t) + sizeof(Token));
+        tokens_.for_each([&](int32_t, const Token& s) { b += s.children.capacity() * (sizeof(int32_t) + sizeof(Child)); });
         return b;
     }
 
@@ -189,8 +189,9 @@ private:
         int64_t count = 0;
         int64_t newest = -1;  // stamp of the most recent occurrence
     };
-    struct Successors {
-        FlatMap<int32_t, Child, -1> children;
+    struct Token {
+        int64_t count = 0;  // live occurrences of the token
+        FlatMap<int32_t, Child, -1> children;  // the tokens seen after it
         int32_t best = -1;
         bool dirty = true;
     };
@@ -198,10 +199,10 @@ private:
     // Remove position i's token from the counts and successor tables (slot still holds it).
     void uncount(int64_t i, std::vector<std::pair<int32_t, int32_t>>& repair) {
         int32_t tok = arena_[i];
-        counts_[tok] -= 1;
+        tokens_.find(tok)->count -= 1;
         int32_t prev = arena_[i - 1];
         if (prev < 0) return;
-        Successors& s = *succ_.find(prev);
+        Token& s = *tokens_.find(prev);
         Child* c = s.children.find(tok);
         c->count -= 1;
         s.dirty = true;
@@ -215,7 +216,7 @@ private:
     // After slots were freed: recompute the newest stamp of the listed pairs.
     void repair_newest(const std::vector<std::pair<int32_t, int32_t>>& repair) {
         for (auto& [prev, tok] : repair) {
-            Child* c = succ_.find(prev)->children.find(tok);
+            Child* c = tokens_.find(prev)->children.find(tok);
             if (!c) continue;
             int64_t newest = -1;
             if (const Postings* list = bigrams_.find(bigram_key(prev, tok)))
@@ -246,11 +247,11 @@ private:
             int32_t tok = tokens[k];
             arena_[i] = tok;
             stamps_[i] = clock_++;
-            counts_[tok] += 1;
+            tokens_[tok].count += 1;
             int32_t prev = arena_[i - 1];
             if (prev >= 0) {
                 bigrams_[bigram_key(prev, tok)].ends.push_back(static_cast<int32_t>(i));
-                Successors& s = succ_[prev];
+                Token& s = *tokens_.find(prev);  // counted at its own append: no insertion
                 Child& c = s.children[tok];
                 c.count += 1;
                 c.newest = stamps_[i];
@@ -349,8 +350,7 @@ private:
         bool unsorted = false;
     };
     FlatMap<uint64_t, Postings, UINT64_MAX> bigrams_;
-    FlatMap<int32_t, int64_t, -1> counts_;
-    FlatMap<int32_t, Successors, -1> succ_;
+    FlatMap<int32_t, Token, -1> tokens_;
 };
 
 }  // namespace hvd
