@@ -7,7 +7,9 @@
 //
 // Not a drop-in for std::unordered_map: find returns a pointer (nullptr: absent), erase
 // takes a key, and an insertion (operator[] of a new key, reserve) may move every value;
-// a lookup of a key present never does.
+// a lookup of a key present never does. Move-only, and 24 bytes: two arrays and two
+// 32-bit counts (a map held in a table's value, as a token's successors are, keeps that
+// value within a cache line).
 // The index never holds a value's address across an insertion into the same map.
 // Iteration order is the slots' order; the index only iterates where order cannot matter
 // (sums, sorting each list, choices broken by unique stamps).
@@ -16,21 +18,26 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <stdexcept>
 #include <utility>
-#include <vector>
 
 namespace hvd {
 
 template <class K, class V, K kEmpty>
 class FlatMap {
 public:
+    FlatMap() = default;
+    FlatMap(FlatMap&&) noexcept = default;
+    FlatMap& operator=(FlatMap&&) noexcept = default;
+
     size_t size() const { return size_; }
     bool empty() const { return size_ == 0; }
-    size_t capacity() const { return keys_.size(); }
+    size_t capacity() const { return keys_ ? size_t(mask_) + 1 : 0; }
 
     void clear() {
-        keys_.clear();
-        vals_.clear();
+        keys_.reset();
+        vals_.reset();
         size_ = 0;
         mask_ = 0;
     }
@@ -38,8 +45,9 @@ public:
     // Empty, keeping its capacity (a table refilled often: no allocation); an empty slot
     // holds a default value, as after erase.
     void reset() {
-        std::fill(keys_.begin(), keys_.end(), kEmpty);
-        std::fill(vals_.begin(), vals_.end(), V());
+        const size_t cap = capacity();
+        std::fill(keys_.get(), keys_.get() + cap, kEmpty);
+        std::fill(vals_.get(), vals_.get() + cap, V());
         size_ = 0;
     }
 
@@ -47,11 +55,11 @@ public:
     void reserve(size_t n) {
         size_t cap = 8;
         while (cap * 3 < n * 4) cap *= 2;
-        if (cap > keys_.size()) rehash(cap);
+        if (cap > capacity()) rehash(cap);
     }
 
     V* find(K k) {
-        if (keys_.empty()) return nullptr;
+        if (!keys_) return nullptr;
         for (size_t i = slot(k);; i = (i + 1) & mask_) {
             if (keys_[i] == k) return &vals_[i];
             if (keys_[i] == kEmpty) return nullptr;
@@ -62,7 +70,7 @@ public:
     // The value of k, default-constructed if absent (only then may the map grow).
     V& operator[](K k) {
         if (V* v = find(k)) return *v;
-        if ((size_ + 1) * 4 > keys_.size() * 3) rehash(keys_.empty() ? 8 : 2 * keys_.size());
+        if ((size_t(size_) + 1) * 4 > capacity() * 3) rehash(keys_ ? 2 * capacity() : 8);
         size_t i = slot(k);
         while (keys_[i] != kEmpty) i = (i + 1) & mask_;
         keys_[i] = k;
@@ -72,7 +80,7 @@ public:
 
     // Removes k (if present); later entries of its probe run shift back into the hole.
     bool erase(K k) {
-        if (keys_.empty()) return false;
+        if (!keys_) return false;
         size_t i = slot(k);
         while (keys_[i] != k) {
             if (keys_[i] == kEmpty) return false;
@@ -96,12 +104,12 @@ public:
     // f(key, value) for every entry.
     template <class F>
     void for_each(F&& f) {
-        for (size_t i = 0; i < keys_.size(); ++i)
+        for (size_t i = 0, cap = capacity(); i < cap; ++i)
             if (keys_[i] != kEmpty) f(keys_[i], vals_[i]);
     }
     template <class F>
     void for_each(F&& f) const {
-        for (size_t i = 0; i < keys_.size(); ++i)
+        for (size_t i = 0, cap = capacity(); i < cap; ++i)
             if (keys_[i] != kEmpty) f(keys_[i], vals_[i]);
     }
 
@@ -115,12 +123,15 @@ private:
     }
 
     void rehash(size_t cap) {
-        std::vector<K> keys(cap, kEmpty);
-        std::vector<V> vals(cap);
+        if (cap > (size_t(1) << 31)) throw std::length_error("hash table over 2^31 slots");
+        std::unique_ptr<K[]> keys(new K[cap]);
+        std::unique_ptr<V[]> vals(new V[cap]());
+        std::fill(keys.get(), keys.get() + cap, kEmpty);
+        const size_t old_cap = capacity();
         keys_.swap(keys);
         vals_.swap(vals);
-        mask_ = cap - 1;
-        for (size_t i = 0; i < keys.size(); ++i) {
+        mask_ = static_cast<uint32_t>(cap - 1);
+        for (size_t i = 0; i < old_cap; ++i) {
             if (keys[i] == kEmpty) continue;
             size_t j = slot(keys[i]);
             while (keys_[j] != kEmpty) j = (j + 1) & mask_;
@@ -129,10 +140,10 @@ private:
         }
     }
 
-    std::vector<K> keys_;
-    std::vector<V> vals_;
-    size_t size_ = 0;
-    size_t mask_ = 0;
+    std::unique_ptr<K[]> keys_;
+    std::unique_ptr<V[]> vals_;
+    uint32_t size_ = 0;
+    uint32_t mask_ = 0;
 };
 
 }  // namespace hvd
