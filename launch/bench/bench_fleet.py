@@ -1,7 +1,7 @@
 """Sequential against fleet replay: what concurrency costs in cache hits, and HVD's host time per step.
 
     python launch/bench/bench_fleet.py dev.jsonl.gz --gate GATE_DIR [--sources swe-agent] \
-        [--concurrency 1,8] [--cache-siblings 0,4] [--batch 1,8,32,64] [--profile P] [--json OUT]
+        [--concurrency 1,8] [--cache-siblings 0,4] [--batch 1,8,32,64] [--profile P] [--warm WARM] [--json OUT]
 
 Runs the gate's hvd policy over the traces by sequential replay (``simulate`` with the
 first token from the prefill: every request after the one before) and by fleet replay
@@ -28,6 +28,13 @@ process's one thread. ``--cache-only`` repeats the fixed batches with SuffixDeco
 term fitted to both (step_profile.fit_host: fixed_ms + (draft_per_row_ms + decide_per_row_ms)
 * B), the figures a measured profile takes. Figures are printed, never asserted: compare them
 within one run.
+
+``--warm WARM`` (repeatable) starts every fleet and fixed-batch run with the global cache
+holding WARM's responses, as a server that has run a while holds earlier responses (up to
+the drafter's token budget, oldest evicted first); conversations of TRACES are left out of
+it. A cache that holds more text costs more per draft (more occurrences to match and walk)
+and drafts more: the host time and cycles of a warm cache are a long-running server's, those
+of an empty one its first minutes'. The sequential replay starts empty.
 """
 
 from __future__ import annotations
@@ -129,6 +136,18 @@ class TimedStepper:
         return out
 
 
+def fill_cache(drafter, records: Sequence) -> None:
+    """The records' responses into ``drafter``'s global cache, in their order (each started,
+    its response appended, finished: a finished response stays cached, within the drafter's
+    token budget). Only the prompt's last token is indexed: a prompt stays in its request's
+    own index, which finishing frees."""
+    for i, r in enumerate(records):
+        rid = f"warm-{i}"
+        drafter.start_request(rid, r.prompt_ids[-1:])
+        drafter.append_batch([rid], [r.output_ids])
+        drafter.finish_request(rid)
+
+
 def _ints(p: argparse.ArgumentParser, flag: str, text: str, least: int) -> list[int]:
     try:
         values = [int(c) for c in text.split(",") if c.strip()]
@@ -162,6 +181,9 @@ def main(argv=None) -> int:
                    help="time cost-aware HVD: a cost rule over the served shape's tier ladder under this step-time "
                         "profile (a shipped estimate such as qwen3-8b-h200, or a profile.json) (default: the gate's "
                         "static shape)")
+    p.add_argument("--warm", action="append", metavar="WARM",
+                   help="traces whose responses fill the global cache before each fleet and fixed-batch run "
+                        "(conversations of TRACES left out; repeatable) (default: an empty cache)")
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     a = p.parse_args(argv)
     levels = [] if a.concurrency.strip() == "0" else _ints(p, "--concurrency", a.concurrency, 1)
@@ -182,13 +204,18 @@ def main(argv=None) -> int:
     records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources][: a.limit]
     if not records:
         p.error("no records (check TRACES and --sources)")
+    timed_convs = {r.conv_id for r in records}
+    warm = [r for r in iter_traces(a.warm) if r.conv_id not in timed_convs] if a.warm else []
+    if a.warm and not warm:
+        p.error("--warm: no responses outside the conversations of TRACES")
 
     cost = None if profile is None else CostRule(profile, model.eagle3, served_tiers(None, model.shape),
                                                  served=model.shape)
 
     def stepper(rule, scorer=gate, step=cost) -> TimedStepper:
-        return TimedStepper(HVDStepper(create_drafter("native", gate.spec.drafter), scorer, model.shape, rule=rule,
-                                       step=step), CLOCKS[a.clock])
+        drafter = create_drafter("native", gate.spec.drafter)
+        fill_cache(drafter, warm)
+        return TimedStepper(HVDStepper(drafter, scorer, model.shape, rule=rule, step=step), CLOCKS[a.clock])
 
     rows = []
     if not a.no_sequential:
@@ -222,6 +249,9 @@ def main(argv=None) -> int:
     decision = "static shape" if cost is None else f"cost-aware under {a.profile}, tiers " + ",".join(
         t.name for t in cost.tiers)
     print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}, hvd: {decision}")
+    if warm:
+        print(f"warm cache: {len(warm)} responses ({sum(len(r.output_ids) for r in warm):,} tokens) from "
+              f"{', '.join(a.warm)} in the global cache at each fleet and fixed-batch run's start")
     if rows:
         print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'plan us/step':>12} {'host us/step':>12}"
               f"  ({a.clock} time)")
@@ -250,6 +280,9 @@ def main(argv=None) -> int:
         out["fixed_batch"] = {name: {**us, "cycles_per_1k": c} for name, us, c in fixed + drafts_only}
         if host_cost is not None:
             out["host_cost"] = dataclasses.asdict(host_cost)
+        if warm:
+            out["warm_cache"] = {"traces": a.warm, "responses": len(warm),
+                                 "tokens": sum(len(r.output_ids) for r in warm)}
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
     return 0

@@ -1,0 +1,62 @@
+"""launch/bench/bench_fleet.py: the serving stepper's host time, and a warm global cache (--warm)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import bench_script
+from sglang_hvd.drafter import create_drafter
+from sglang_hvd.trace import TokenizerId, TraceRecord, TraceWriter, iter_traces, token_array
+
+pytest.importorskip("sglang_hvd.drafter._native", reason="bench_fleet serves the native drafter (not built)")
+
+
+def _write(path: str, records) -> None:
+    with TraceWriter(path) as w:
+        for r in records:
+            w.write(r)
+
+
+def _record(i: int, conv: str, output: list[int]) -> TraceRecord:
+    return TraceRecord(req_id=f"r{i}", conv_id=conv, turn=0, source="toy", tokenizer=TokenizerId("toy", "0"),
+                       prompt_ids=token_array([7, 8, 9]), output_ids=token_array(output))
+
+
+def test_fill_cache_keeps_every_response_in_the_global_cache_and_no_prompt():
+    bf = bench_script("bench_fleet")
+    drafter = create_drafter("native")
+    bf.fill_cache(drafter, [_record(0, "a", [1, 2, 3, 4]), _record(1, "b", [5, 6]), _record(2, "c", [])])
+    mem = drafter.memory_stats()
+    assert mem["global_tokens"] == 6  # 4 + 2 response tokens; the prompts stayed in their own indexes
+    assert mem["local_tokens"] == 0  # every request finished
+
+
+def test_warm_cache_leaves_out_the_timed_conversations(demo_dir, tmp_path, capsys):
+    bf = bench_script("bench_fleet")
+    traces = os.path.join(demo_dir, "traces.jsonl")
+    records = list(iter_traces(traces))
+    convs = sorted({r.conv_id for r in records})
+    timed, other = convs[:2], convs[2:]
+    timed_path, warm_path = str(tmp_path / "timed.jsonl"), str(tmp_path / "warm.jsonl")
+    _write(timed_path, [r for r in records if r.conv_id in timed])
+    warm = [r for r in records if r.conv_id in other]
+    _write(warm_path, warm + [r for r in records if r.conv_id in timed])  # the timed ones are left out
+    out = str(tmp_path / "fleet.json")
+    assert timed and other
+    assert bf.main([timed_path, "--gate", os.path.join(demo_dir, "gate"), "--concurrency", "2", "--no-sequential",
+                    "--batch", "2", "--warm", warm_path, "--json", out]) == 0
+    tokens = sum(len(r.output_ids) for r in warm)
+    assert f"warm cache: {len(warm)} responses ({tokens:,} tokens) from {warm_path}" in capsys.readouterr().out
+    with open(out) as f:
+        assert json.load(f)["warm_cache"] == {"traces": [warm_path], "responses": len(warm), "tokens": tokens}
+
+
+def test_a_warm_cache_of_only_timed_conversations_is_refused(demo_dir, capsys):
+    bf = bench_script("bench_fleet")
+    traces = os.path.join(demo_dir, "traces.jsonl")
+    with pytest.raises(SystemExit):
+        bf.main([traces, "--gate", os.path.join(demo_dir, "gate"), "--warm", traces])
+    assert "--warm: no responses outside the conversations of TRACES" in capsys.readouterr().err
