@@ -196,10 +196,10 @@ private:
         bool dirty = true;
     };
 
-    // Remove position i's token from the counts and successor tables (slot still holds it).
+    // Remove position i's token from its count and its predecessor's successors (slot still holds it).
     void uncount(int64_t i, std::vector<std::pair<int32_t, int32_t>>& repair) {
         int32_t tok = arena_[i];
-        tokens_.find(tok)->count -= 1;
+        tokens_[tok].count -= 1;
         int32_t prev = arena_[i - 1];
         if (prev < 0) return;
         Token& s = *tokens_.find(prev);
@@ -251,7 +251,7 @@ private:
             int32_t prev = arena_[i - 1];
             if (prev >= 0) {
                 bigrams_[bigram_key(prev, tok)].ends.push_back(static_cast<int32_t>(i));
-                Token& s = *tokens_.find(prev);  // counted at its own append: no insertion
+                Token& s = tokens_[prev];  // present: counted at its own append
                 Child& c = s.children[tok];
                 c.count += 1;
                 c.newest = stamps_[i];
