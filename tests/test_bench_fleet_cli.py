@@ -60,3 +60,17 @@ def test_a_warm_cache_of_only_timed_conversations_is_refused(demo_dir, capsys):
     with pytest.raises(SystemExit):
         bf.main([traces, "--gate", os.path.join(demo_dir, "gate"), "--warm", traces])
     assert "--warm: no responses outside the conversations of TRACES" in capsys.readouterr().err
+
+
+def test_a_warm_cache_of_another_tokenizer_or_no_file_is_refused(demo_dir, tmp_path, capsys):
+    bf = bench_script("bench_fleet")
+    traces, gate = os.path.join(demo_dir, "traces.jsonl"), os.path.join(demo_dir, "gate")
+    other = str(tmp_path / "other.jsonl")
+    _write(other, [_record(0, "elsewhere", [1, 2, 3])])  # the toy tokenizer, not the demo's
+    with pytest.raises(SystemExit):
+        bf.main([traces, "--gate", gate, "--warm", other])
+    assert "--warm: its token ids are toy's" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bf.main([traces, "--gate", gate, "--warm", str(tmp_path / "missing.jsonl")])
+    err = capsys.readouterr().err
+    assert "--warm: " in err and "missing.jsonl" in err

@@ -204,10 +204,19 @@ def main(argv=None) -> int:
     records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources][: a.limit]
     if not records:
         p.error("no records (check TRACES and --sources)")
-    timed_convs = {r.conv_id for r in records}
-    warm = [r for r in iter_traces(a.warm) if r.conv_id not in timed_convs] if a.warm else []
-    if a.warm and not warm:
-        p.error("--warm: no responses outside the conversations of TRACES")
+    warm = []
+    if a.warm:
+        timed_convs = {r.conv_id for r in records}
+        try:
+            warm = [r for r in iter_traces(a.warm) if r.conv_id not in timed_convs]
+        except (OSError, HvdInputError) as e:
+            p.error(f"--warm: {e}")
+        if not warm:
+            p.error("--warm: no responses outside the conversations of TRACES")
+        other = next((r.tokenizer for r in warm if r.tokenizer != records[0].tokenizer), None)
+        if other is not None:
+            p.error(f"--warm: its token ids are {other.name}'s, TRACES' {records[0].tokenizer.name}'s (one tokenizer "
+                    f"for both)")
 
     cost = None if profile is None else CostRule(profile, model.eagle3, served_tiers(None, model.shape),
                                                  served=model.shape)
