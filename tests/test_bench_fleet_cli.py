@@ -74,3 +74,10 @@ def test_a_warm_cache_of_another_tokenizer_or_no_file_is_refused(demo_dir, tmp_p
         bf.main([traces, "--gate", gate, "--warm", str(tmp_path / "missing.jsonl")])
     err = capsys.readouterr().err
     assert "--warm: " in err and "missing.jsonl" in err
+
+
+def test_traces_that_cannot_be_read_are_refused_in_one_line(demo_dir, tmp_path, capsys):
+    bf = bench_script("bench_fleet")
+    with pytest.raises(SystemExit):
+        bf.main([str(tmp_path / "missing.jsonl"), "--gate", os.path.join(demo_dir, "gate")])
+    assert "missing.jsonl: no such file" in capsys.readouterr().err

@@ -201,16 +201,20 @@ def main(argv=None) -> int:
     model = gate.spec.verify
     if a.limit is not None and a.limit < 1:
         p.error(f"--limit: must be >= 1, got {a.limit}")
-    records = [r for r in iter_traces(a.traces) if sources is None or r.source in sources][: a.limit]
+
+    def read(paths: list[str], keep, flag: str = "") -> list:
+        try:
+            return [r for r in iter_traces(paths) if keep(r)]
+        except (OSError, HvdInputError) as e:  # a missing or malformed file: one line, no traceback
+            p.error(f"{flag}{e}")
+
+    records = read(a.traces, lambda r: sources is None or r.source in sources)[: a.limit]
     if not records:
         p.error("no records (check TRACES and --sources)")
     warm = []
     if a.warm:
         timed_convs = {r.conv_id for r in records}
-        try:
-            warm = [r for r in iter_traces(a.warm) if r.conv_id not in timed_convs]
-        except (OSError, HvdInputError) as e:
-            p.error(f"--warm: {e}")
+        warm = read(a.warm, lambda r: r.conv_id not in timed_convs, "--warm: ")
         if not warm:
             p.error("--warm: no responses outside the conversations of TRACES")
         other = next((r.tokenizer for r in warm if r.tokenizer != records[0].tokenizer), None)
@@ -258,8 +262,9 @@ def main(argv=None) -> int:
     decision = "static shape" if cost is None else f"cost-aware under {a.profile}, tiers " + ",".join(
         t.name for t in cost.tiers)
     print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}, hvd: {decision}")
+    warm_tokens = sum(len(r.output_ids) for r in warm)
     if warm:
-        print(f"warm cache: {len(warm)} responses ({sum(len(r.output_ids) for r in warm):,} tokens) from "
+        print(f"warm cache: {len(warm)} responses ({warm_tokens:,} tokens) from "
               f"{', '.join(a.warm)} in the global cache at each fleet and fixed-batch run's start")
     if rows:
         print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'plan us/step':>12} {'host us/step':>12}"
@@ -291,7 +296,7 @@ def main(argv=None) -> int:
             out["host_cost"] = dataclasses.asdict(host_cost)
         if warm:
             out["warm_cache"] = {"traces": a.warm, "responses": len(warm),
-                                 "tokens": sum(len(r.output_ids) for r in warm)}
+                                 "tokens": warm_tokens}
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
     return 0
