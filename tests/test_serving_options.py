@@ -20,7 +20,8 @@ NAMES = [
     ("SGLANG_HVD_ENABLE", "--hvd-disable"), ("SGLANG_HVD_GATE", "--hvd-gate"),
     ("SGLANG_HVD_THRESHOLD", "--hvd-threshold"), ("SGLANG_HVD_SCORE_RULE", "--hvd-score-rule"),
     ("SGLANG_HVD_EAGLE_RESERVE", "--hvd-eagle-reserve"), ("SGLANG_HVD_CACHE_SIBLINGS", "--hvd-cache-siblings"),
-    ("SGLANG_HVD_DRAFTER", "--hvd-drafter"), ("SGLANG_HVD_PROFILE", "--hvd-profile"),
+    ("SGLANG_HVD_DRAFTER", "--hvd-drafter"), ("SGLANG_HVD_DRAFT_THREADS", "--hvd-draft-threads"),
+    ("SGLANG_HVD_PROFILE", "--hvd-profile"),
     ("SGLANG_HVD_TIERS", "--hvd-tiers"), ("SGLANG_HVD_PROFILE_REFIT", "--hvd-no-profile-refit"),
     ("SGLANG_HVD_SKIP_IDLE_EXTEND", "--hvd-skip-idle-extend"),
     ("SGLANG_HVD_ONLINE_CALIBRATION", "--hvd-online-calibration"), ("SGLANG_HVD_TIER_CYCLE", "--hvd-tier-cycle"),
@@ -48,6 +49,7 @@ def test_the_launcher_help_lists_every_flag_with_its_variable():
         assert opt.flag in text and opt.env in text
     assert "--hvd-disable serve without HVD (plain SGLang EAGLE3), e.g. for an A/B run (SGLANG_HVD_ENABLE=0)" in text
     assert "(SGLANG_HVD_RECORD_QUEUE; default: 4096)" in text
+    assert "(SGLANG_HVD_DRAFT_THREADS; default: a quarter of the CPUs this process may use, 1 to 4)" in text
     assert "(SGLANG_HVD_EAGLE_RESERVE; default: the gate's)" in text
     assert "only the resource bounds --hvd-global-max-tokens, --hvd-max-occurrences, --hvd-max-scan may differ" in text
     assert "(SGLANG_HVD_MAX_DEPTH; default: the gate's; no other value is accepted)" in text
@@ -102,6 +104,7 @@ def test_minus_infinity_is_the_one_infinite_threshold():
     (["--hvd-eagle-reserve", "-1"], "argument --hvd-eagle-reserve: must be >= 0, got -1"),
     (["--hvd-cache-siblings", "2.5"], "argument --hvd-cache-siblings: '2.5' is not a valid int"),
     (["--hvd-record-queue", "0"], "argument --hvd-record-queue: must be >= 1, got 0"),
+    (["--hvd-draft-threads", "65"], "argument --hvd-draft-threads: must be <= 64, got 65"),
     (["--hvd-max-spec-factor", "nan"], "argument --hvd-max-spec-factor: must be a finite number, got nan"),
     (["--hvd-min-token-prob", "inf"], "argument --hvd-min-token-prob: must be a finite number, got inf"),
     (["--hvd-global-max-tokens", "1e6"], "argument --hvd-global-max-tokens: '1e6' is not a valid int"),
@@ -117,6 +120,10 @@ def test_bad_flag_values_are_named_by_their_flag(argv, message, capsys):
     ({"SGLANG_HVD_THRESHOLD": "inf"}, "SGLANG_HVD_THRESHOLD must be a finite number or -inf, got inf"),
     ({"SGLANG_HVD_RECORD_QUEUE": "0"}, "SGLANG_HVD_RECORD_QUEUE must be >= 1, got 0"),
     ({"SGLANG_HVD_RECORD_QUEUE": "many"}, "SGLANG_HVD_RECORD_QUEUE='many' is not a valid int"),
+    ({"SGLANG_HVD_DRAFT_THREADS": "0"}, "SGLANG_HVD_DRAFT_THREADS must be >= 1, got 0"),
+    ({"SGLANG_HVD_DRAFT_THREADS": "2", "SGLANG_HVD_DRAFTER": "python"},
+     "SGLANG_HVD_DRAFT_THREADS=2: the python drafter drafts on one thread; drop SGLANG_HVD_DRAFTER=python (the "
+     "native drafter) or the threads"),
     ({"SGLANG_HVD_MAX_SPEC_OFFSET": "nan"}, "SGLANG_HVD_MAX_SPEC_OFFSET must be a finite number, got nan"),
     ({"SGLANG_HVD_MIN_TOKEN_PROB": "-inf"}, "SGLANG_HVD_MIN_TOKEN_PROB must be a finite number, got -inf"),
     ({"SGLANG_HVD_GLOBAL_MAX_TOKENS": "lots"}, "SGLANG_HVD_GLOBAL_MAX_TOKENS='lots' is not a valid int"),

@@ -1,7 +1,8 @@
 """Sequential against fleet replay: what concurrency costs in cache hits, and HVD's host time per step.
 
     python launch/bench/bench_fleet.py dev.jsonl.gz --gate GATE_DIR [--sources swe-agent] \
-        [--concurrency 1,8] [--cache-siblings 0,4] [--batch 1,8,32,64] [--profile P] [--warm WARM] [--json OUT]
+        [--concurrency 1,8] [--cache-siblings 0,4] [--batch 1,8,32,64] [--profile P] [--warm WARM] \
+        [--draft-threads N --clock wall] [--json OUT]
 
 Runs the gate's hvd policy over the traces by sequential replay (``simulate`` with the
 first token from the prefill: every request after the one before) and by fleet replay
@@ -35,6 +36,10 @@ the drafter's token budget, oldest evicted first); conversations of TRACES are l
 it. A cache that holds more text costs more per draft (more occurrences to match and walk)
 and drafts more: the host time and cycles of a warm cache are a long-running server's, those
 of an empty one its first minutes'. The sequential replay starts empty.
+
+``--draft-threads N`` drafts each step's rows on N threads (a server's ``--hvd-draft-threads``;
+the same drafts, plans and cycles): time it with ``--clock wall``, as the CPU clock counts
+the calling thread alone.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import numpy as np
 from sglang_hvd.cost_rule import CostRule, StepMode
 from sglang_hvd.decision import BatchPlan
 from sglang_hvd.drafter import create_drafter
+from sglang_hvd.drafter.protocol import MAX_DRAFT_THREADS
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.gate import Gate
 from sglang_hvd.replay.fleet import conversations_of, serve_fleet
@@ -184,8 +190,16 @@ def main(argv=None) -> int:
     p.add_argument("--warm", action="append", metavar="WARM",
                    help="traces whose responses fill the global cache before each fleet and fixed-batch run "
                         "(conversations of TRACES left out; repeatable) (default: an empty cache)")
+    p.add_argument("--draft-threads", type=int, default=1, metavar="N",
+                   help=f"threads each step's drafts run on, 1 to {MAX_DRAFT_THREADS} (needs --clock wall when more "
+                        f"than 1) (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     a = p.parse_args(argv)
+    if not 1 <= a.draft_threads <= MAX_DRAFT_THREADS:
+        p.error(f"--draft-threads: must be in [1, {MAX_DRAFT_THREADS}], got {a.draft_threads}")
+    if a.draft_threads > 1 and a.clock != "wall":
+        p.error("--draft-threads above 1 needs --clock wall: the cpu clock counts the calling thread alone, not the "
+                "drafts' other threads")
     levels = [] if a.concurrency.strip() == "0" else _ints(p, "--concurrency", a.concurrency, 1)
     profile = None
     if a.profile is not None:  # refused before the gate and traces are read
@@ -226,7 +240,7 @@ def main(argv=None) -> int:
                                                  served=model.shape)
 
     def stepper(rule, scorer=gate, step=cost) -> TimedStepper:
-        drafter = create_drafter("native", gate.spec.drafter)
+        drafter = create_drafter("native", gate.spec.drafter, threads=a.draft_threads)
         fill_cache(drafter, warm)
         return TimedStepper(HVDStepper(drafter, scorer, model.shape, rule=rule, step=step), CLOCKS[a.clock])
 
@@ -261,7 +275,8 @@ def main(argv=None) -> int:
                                 fleet.overall.policy("hvd").to_json()["cycles_per_1k"]))
     decision = "static shape" if cost is None else f"cost-aware under {a.profile}, tiers " + ",".join(
         t.name for t in cost.tiers)
-    print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}, hvd: {decision}")
+    threads = "" if a.draft_threads == 1 else f", drafts on {a.draft_threads} threads"
+    print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}, hvd: {decision}{threads}")
     warm_tokens = sum(len(r.output_ids) for r in warm)
     if warm:
         print(f"warm cache: {len(warm)} responses ({warm_tokens:,} tokens) from "
@@ -294,6 +309,7 @@ def main(argv=None) -> int:
         out["fixed_batch"] = {name: {**us, "cycles_per_1k": c} for name, us, c in fixed + drafts_only}
         if host_cost is not None:
             out["host_cost"] = dataclasses.asdict(host_cost)
+        out["draft_threads"] = a.draft_threads
         if warm:
             out["warm_cache"] = {"traces": a.warm, "responses": len(warm),
                                  "tokens": warm_tokens}

@@ -94,6 +94,9 @@ class DrafterConfig:
 # gate's features describe, so a server refuses values other than the gate's.
 RESOURCE_BOUNDS = ("global_max_tokens", "max_occurrences", "max_scan")
 
+# The most threads a drafter drafts a batch on (native_drafter.NativeDrafter, --hvd-draft-threads).
+MAX_DRAFT_THREADS = 64
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Draft:

@@ -35,8 +35,15 @@ def available_drafters() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create_drafter(name: str, config: DrafterConfig | None = None) -> Drafter:
+def create_drafter(name: str, config: DrafterConfig | None = None, threads: int = 1) -> Drafter:
+    """The drafter registered as ``name``. ``threads`` > 1: its batch calls draft rows on that
+    many threads (only a drafter whose class says ``parallel = True``: the native one)."""
     _load_builtin()
     if name not in _REGISTRY:
         raise KeyError(f"unknown drafter {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](config or DrafterConfig())
+    cls = _REGISTRY[name]
+    if getattr(cls, "parallel", False):
+        return cls(config or DrafterConfig(), threads=threads)
+    if type(threads) is not int or threads != 1:
+        raise ValueError(f"the {name} drafter drafts on one thread; {threads!r} draft threads need the native drafter")
+    return cls(config or DrafterConfig())

@@ -20,7 +20,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from ..drafter.protocol import RESOURCE_BOUNDS, DrafterConfig
+from ..drafter.protocol import MAX_DRAFT_THREADS, RESOURCE_BOUNDS, DrafterConfig
 from ..errors import HvdInputError
 from .options import PREFIX, Option, option, options_of, values_from_env
 
@@ -53,6 +53,11 @@ class HVDServingConfig:
     drafter: str | None = option(
         None, "cache drafter implementation: native (C++) or python, identical drafts", metavar="NAME",
         default_text="native when built")
+    draft_threads: int | None = option(
+        None, "threads a decode batch's cache drafts run on, the scheduler's own one of them (the native drafter; "
+              "the same drafts on any number; batches under 32 rows draft on the scheduler's thread alone)",
+        metavar="N", at_least=1, at_most=MAX_DRAFT_THREADS, default_text="a quarter of the CPUs this process may use, "
+                                                                         "1 to 4")
     # DrafterConfig fields set explicitly, as (name, value) in DrafterConfig's field order:
     # their options are DrafterConfig's own fields (DRAFTER_OPTIONS).
     drafter_overrides: tuple[tuple[str, float], ...] = ()
@@ -110,6 +115,9 @@ class HVDServingConfig:
             problem = _DRAFTER_BY_NAME[name].problem(value)
             if problem:
                 raise HvdInputError(f"{_DRAFTER_BY_NAME[name].env} {problem}")
+        if (self.draft_threads or 1) > 1 and self.drafter == "python":
+            raise HvdInputError(f"{PREFIX}DRAFT_THREADS={self.draft_threads}: the python drafter drafts on one thread; "
+                                f"drop {PREFIX}DRAFTER=python (the native drafter) or the threads")
         if self.enable and not self.gate:
             raise HvdInputError(f"{PREFIX}ENABLE=1 needs a gate: set {PREFIX}GATE=DIR (or --hvd-gate DIR)")
         if self.tiers is not None and self.profile is None and not self.tier_cycle:

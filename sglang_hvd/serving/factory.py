@@ -7,7 +7,7 @@ import os
 from ..calibration import OnlineCalibration
 from ..cost_rule import CostRule
 from ..drafter import create_drafter
-from ..drafter.native_drafter import default_drafter_name
+from ..drafter.native_drafter import default_draft_threads, default_drafter_name
 from ..errors import HvdInputError
 from ..gate import Gate
 from ..scorer import ScoreRule, ServedScorer
@@ -45,10 +45,15 @@ def build_stepper(config: HVDServingConfig, shape: VerifyShape, dp_rank: int | N
     gate = load_gate(config)
     check_shape(gate, shape)
     name = config.drafter or default_drafter_name()
+    threads = config.draft_threads
+    if threads is None:
+        threads = default_draft_threads() if name == "native" else 1
     try:
-        drafter = create_drafter(name, config.drafter_config(gate.drafter_config))
+        drafter = create_drafter(name, config.drafter_config(gate.drafter_config), threads=threads)
     except KeyError as e:
         raise HvdInputError(f"SGLANG_HVD_DRAFTER: {e.args[0]}") from None
+    except ValueError as e:  # draft threads the drafter cannot take
+        raise HvdInputError(f"SGLANG_HVD_DRAFT_THREADS: {e}") from None
     recorder = None
     if config.record_traces:
         path = rank_path(config.record_traces, dp_rank)

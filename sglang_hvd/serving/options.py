@@ -28,15 +28,15 @@ _KINDS = (bool, int, float, str)
 
 
 def option(default, help: str, *, metavar: str | None = None, at_least: float | None = None,
-           minus_inf: bool = False, what: str = "number", flag: str | None = None,
+           at_most: float | None = None, minus_inf: bool = False, what: str = "number", flag: str | None = None,
            launcher_default: bool | None = None, default_text: str | None = None):
-    """A serving option's field. ``at_least``: the smallest value accepted; floats must be
+    """A serving option's field. ``at_least`` / ``at_most``: the smallest / largest value accepted; floats must be
     finite (``minus_inf``: -inf too; ``what`` names the value in that message); ``flag``
     replaces the generated flag name. A bool's flag is a switch: given, it sets the field
     to ``not launcher_default``, the value the launcher uses without it. ``default_text``
     says in the help what an unset option means (else the default is shown when not None)."""
-    meta = {"help": help, "metavar": metavar, "at_least": at_least, "minus_inf": minus_inf, "what": what,
-            "flag": flag, "launcher_default": launcher_default, "default_text": default_text}
+    meta = {"help": help, "metavar": metavar, "at_least": at_least, "at_most": at_most, "minus_inf": minus_inf,
+            "what": what, "flag": flag, "launcher_default": launcher_default, "default_text": default_text}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -52,6 +52,7 @@ class Option:
     flag: str  # --hvd-name
     metavar: str | None = None
     at_least: float | None = None
+    at_most: float | None = None
     minus_inf: bool = False
     what: str = "number"
     launcher_default: bool | None = None
@@ -68,6 +69,8 @@ class Option:
             return f"must be a finite {self.what}{' or -inf' if self.minus_inf else ''}, got {value}"
         if self.at_least is not None and value < self.at_least:
             return f"must be >= {self.at_least:g}, got {value}"
+        if self.at_most is not None and value > self.at_most:
+            return f"must be <= {self.at_most:g}, got {value}"
         return None
 
     def convert(self, text: str):
@@ -154,7 +157,8 @@ def options_of(cls: type, *, drafter: bool = False, skip: tuple[str, ...] = (),
         out.append(Option(
             name=f.name, kind=_field_kind(cls, f), default=None if drafter else f.default, help=meta["help"],
             env=PREFIX + f.name.upper(), flag=meta.get("flag") or FLAG_PREFIX + f.name.replace("_", "-"),
-            metavar=meta.get("metavar"), at_least=meta.get("at_least"), minus_inf=meta.get("minus_inf", False),
+            metavar=meta.get("metavar"), at_least=meta.get("at_least"), at_most=meta.get("at_most"),
+            minus_inf=meta.get("minus_inf", False),
             what=meta.get("what", "number"), launcher_default=meta.get("launcher_default"),
             default_text=meta.get("default_text") or (default_text(f.name) if default_text else None), drafter=drafter))
     return tuple(out)

@@ -121,7 +121,8 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "Native SuffixDecoding drafter core (see sglang_hvd/drafter/native/)";
     py::class_<SuffixDrafter>(m, "Core")
         .def(py::init([](int max_depth, int max_spec_tokens, double factor, double offset, double min_prob,
-                         int64_t global_max_tokens, int64_t max_occurrences, int64_t max_scan) {
+                         int64_t global_max_tokens, int64_t max_occurrences, int64_t max_scan, int threads) {
+                 if (threads < 1) throw std::invalid_argument("threads must be >= 1");
                  Config c;
                  c.max_depth = max_depth;
                  c.max_spec_tokens = max_spec_tokens;
@@ -131,11 +132,12 @@ PYBIND11_MODULE(_native, m) {
                  c.global_max_tokens = global_max_tokens;
                  c.max_occurrences = max_occurrences;
                  c.max_scan = max_scan;  // DrafterConfig.scan_limit: already >= max_occurrences
-                 return new SuffixDrafter(c);
+                 return new SuffixDrafter(c, threads);
              }),
              py::arg("max_depth"), py::arg("max_spec_tokens"), py::arg("max_spec_factor"), py::arg("max_spec_offset"),
              py::arg("min_token_prob"), py::arg("global_max_tokens"), py::arg("max_occurrences"),
-             py::arg("max_scan"))
+             py::arg("max_scan"), py::arg("threads") = 1)
+        .def("threads", &SuffixDrafter::threads)
         .def("reset", &SuffixDrafter::reset)
         .def("start", [](SuffixDrafter& s, int64_t req, I32 prompt) {
             auto p = prompt.unchecked<1>();
@@ -198,7 +200,8 @@ PYBIND11_MODULE(_native, m) {
                  RowArrays rows(out, r.shape(0), max_nodes);
                  {
                      py::gil_scoped_release nogil;
-                     for (py::ssize_t i = 0; i < r.shape(0); ++i) rows.put(i, s.speculate_row(r(i), max_nodes));
+                     s.for_rows(r.data(0), r.shape(0),
+                                [&](int64_t i, int w) { rows.put(i, s.speculate_row(r(i), max_nodes, w)); });
                  }
                  return out;
              })
@@ -211,7 +214,7 @@ PYBIND11_MODULE(_native, m) {
                  DraftArrays drafts(out, r.shape(0), s.config().max_spec_tokens);
                  {
                      py::gil_scoped_release nogil;
-                     for (py::ssize_t i = 0; i < r.shape(0); ++i) drafts.put(i, s.speculated(r(i)));
+                     s.for_rows(r.data(0), r.shape(0), [&](int64_t i, int w) { drafts.put(i, s.speculated(r(i), w)); });
                  }
                  return out;
              })
@@ -226,10 +229,10 @@ PYBIND11_MODULE(_native, m) {
                  RowArrays rows(out, r.shape(0), max_nodes);
                  {
                      py::gil_scoped_release nogil;
-                     for (py::ssize_t i = 0; i < r.shape(0); ++i) {
-                         drafts.put(i, s.speculated(r(i)));
-                         rows.put(i, s.speculate_row(r(i), max_nodes));
-                     }
+                     s.for_rows(r.data(0), r.shape(0), [&](int64_t i, int w) {
+                         drafts.put(i, s.speculated(r(i), w));
+                         rows.put(i, s.speculate_row(r(i), max_nodes, w));
+                     });
                  }
                  return out;
              })

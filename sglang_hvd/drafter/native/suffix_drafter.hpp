@@ -1,6 +1,10 @@
 // The native cache drafter: one Index per running request (prompt + output) and one
 // global Index (a document per response, running or finished; the oldest finished ones
 // are evicted past the token budget). Mirrors sglang_hvd/drafter/suffix_drafter.py.
+//
+// A batch's rows are drafted on ``threads`` threads (pool.hpp), each with a searcher of its own:
+// a row's search only reads the indexes (their two lazy repairs are locked: suffix_index.hpp)
+// and writes only its own kept chain, so the drafts are the same on any number of threads.
 #pragma once
 
 #include <deque>
@@ -8,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "pool.hpp"
 #include "reaper.hpp"
 #include "suffix_index.hpp"
 #include "row_tree.hpp"
@@ -17,7 +22,33 @@ namespace hvd {
 
 class SuffixDrafter {
 public:
-    explicit SuffixDrafter(const Config& c) : cfg_(c), search_(c), global_(c.max_depth) {}
+    explicit SuffixDrafter(const Config& c, int threads = 1)
+        : cfg_(c), global_(c.max_depth), pool_(threads) {
+        for (int w = 0; w < pool_.size(); ++w) searchers_.emplace_back(c);
+    }
+
+    int threads() const { return pool_.size(); }
+
+    // fn(i, w) for each row i of a batch of running requests, on the pool's threads (w: the
+    // thread; its searcher drafts the row: speculated(reqs[i], w), speculate_row(reqs[i], n, w)).
+    // Checked first, on this thread: every request is running (else out_of_range, nothing
+    // drafted). A batch naming a request twice runs on this thread alone (its rows would
+    // write one kept chain).
+    template <class Fn>
+    void for_rows(const int64_t* reqs, int64_t n, Fn&& fn) {
+        for (int64_t i = 0; i < n; ++i) {
+            running(reqs[i]);
+            last_chain_[reqs[i]];  // its slot made here: the rows only find theirs
+        }
+        std::vector<int64_t> ids(reqs, reqs + n);
+        std::sort(ids.begin(), ids.end());
+        const bool repeated = std::adjacent_find(ids.begin(), ids.end()) != ids.end();
+        if (repeated) {
+            for (int64_t i = 0; i < n; ++i) fn(i, 0);
+            return;
+        }
+        pool_.run(n, fn, kMinParallelRows);
+    }
 
     void reset() {
         changed();
@@ -69,51 +100,56 @@ public:
 
     Draft speculate(int64_t req) { return speculated(req); }
 
-    // The request's chain draft, as kept for its row tree (valid until the next change or search).
-    const Draft& speculated(int64_t req) {
+    // The request's chain draft, as kept for its row tree (valid until the next change or search),
+    // drafted by thread w's searcher.
+    const Draft& speculated(int64_t req, int w = 0) {
+        Searcher& search = searchers_[static_cast<size_t>(w)];
         Index& own = running(req);
         const Index::Doc& d = own.doc(0);
         int n = static_cast<int>(std::min<int64_t>(d.len, cfg_.max_depth));
         const int32_t* tail = own.arena() + d.start + d.len - n;
-        Draft a = search_.best(own, tail, n, LOCAL);
-        ChainSet set_a = search_.take_chain_set();
+        Draft a = search.best(own, tail, n, LOCAL);
+        ChainSet set_a = search.take_chain_set();
         // the global draft is only taken if it scores more than the local one: no set or walk
         // that cannot is searched
-        Draft b = search_.best(global_, tail, n, GLOBAL, a.score);
+        Draft b = search.best(global_, tail, n, GLOBAL, a.score);
         const bool local = a.score >= b.score;
-        Chain& kept = last_chain_[req];
+        auto slot = last_chain_.find(req);  // (made by for_rows for a batch's rows)
+        Chain& kept = slot != last_chain_.end() ? slot->second : last_chain_[req];
         kept.epoch = epoch_;
         kept.draft = local ? std::move(a) : std::move(b);
-        kept.set = local ? std::move(set_a) : search_.take_chain_set();
+        kept.set = local ? std::move(set_a) : search.take_chain_set();
         return kept.draft;
     }
 
     // The best tree of at most max_nodes nodes; with only_tree (LOCAL or GLOBAL) and only_p,
     // the tree of that one occurrence set (a chain draft's own: its tree and match length).
     TreeDraft speculate_tree(int64_t req, int max_nodes, int only_tree = NO_TREE, int only_p = 0) {
+        Searcher& search = searchers_[0];
         Index& own = running(req);
         const Index::Doc& d = own.doc(0);
         int n = static_cast<int>(std::min<int64_t>(d.len, cfg_.max_depth));
         const int32_t* tail = own.arena() + d.start + d.len - n;
-        if (only_tree == LOCAL) return search_.best_tree(own, tail, n, LOCAL, max_nodes, only_p);
-        if (only_tree == GLOBAL) return search_.best_tree(global_, tail, n, GLOBAL, max_nodes, only_p);
-        TreeDraft a = search_.best_tree(own, tail, n, LOCAL, max_nodes);
-        TreeDraft b = search_.best_tree(global_, tail, n, GLOBAL, max_nodes, 0, a.score);  // (as speculated)
+        if (only_tree == LOCAL) return search.best_tree(own, tail, n, LOCAL, max_nodes, only_p);
+        if (only_tree == GLOBAL) return search.best_tree(global_, tail, n, GLOBAL, max_nodes, only_p);
+        TreeDraft a = search.best_tree(own, tail, n, LOCAL, max_nodes);
+        TreeDraft b = search.best_tree(global_, tail, n, GLOBAL, max_nodes, 0, a.score);  // (as speculated)
         return a.score >= b.score ? a : b;
     }
 
     // The row tree (row_tree.hpp) from the chain and the tree draft of the chain's own
     // occurrence set (max_nodes nodes); none without a chain (a row tree extends a chain). A
     // certain chain (path probability 1 at every token) is its own row: no tree is grown.
-    RowTree speculate_row(int64_t req, int max_nodes) {
-        const Chain& kept = kept_chain(req);
+    RowTree speculate_row(int64_t req, int max_nodes, int w = 0) {
+        const Chain& kept = kept_chain(req, w);
         const Draft& chain = kept.draft;
         if (chain.tokens.empty()) return RowTree{};
         if (chain.probs.back() >= 1.0) return row_tree(chain, TreeDraft{}, max_nodes);
         // the tree of the chain's own set (speculate_tree(req, max_nodes, chain.tree, chain.match_len)),
         // grown from the set the chain's search found
         Index& ix = chain.tree == LOCAL ? running(req) : global_;
-        return row_tree(chain, search_.tree_of(ix, kept.set, chain.tree, max_nodes), max_nodes);
+        return row_tree(chain, searchers_[static_cast<size_t>(w)].tree_of(ix, kept.set, chain.tree, max_nodes),
+                        max_nodes);
     }
 
     std::vector<int32_t> context(int64_t req) {
@@ -143,6 +179,7 @@ public:
 
 private:
     static constexpr size_t kRecentIndexes = 16;
+    static constexpr int64_t kMinParallelRows = 32;  // fewer rows are drafted on the calling thread (measured: fewer gain nothing)
 
     struct Chain {
         uint64_t epoch = 0;
@@ -153,10 +190,10 @@ private:
     // The request's chain and the occurrence set it was walked from: the one speculate
     // returned, while nothing has changed since (a step's speculate_batch, then its row
     // trees); else a new search.
-    Chain& kept_chain(int64_t req) {
+    Chain& kept_chain(int64_t req, int w) {
         auto it = last_chain_.find(req);
         if (it == last_chain_.end() || it->second.epoch != epoch_) {
-            speculate(req);
+            speculated(req, w);
             it = last_chain_.find(req);
         }
         return it->second;
@@ -208,7 +245,7 @@ private:
     }
 
     Config cfg_;
-    Searcher search_;
+    std::vector<Searcher> searchers_;  // one per thread of pool_
     Index global_;
     std::unordered_map<int64_t, std::unique_ptr<Index>> local_;
     std::deque<std::unique_ptr<Index>> recent_;  // finished requests' own indexes, newest first
@@ -219,6 +256,7 @@ private:
     uint64_t epoch_ = 0;  // bumped by every change (changed())
     std::unordered_map<int64_t, Chain> last_chain_;  // running request -> its chain at an epoch
     Reaper<Index> reaper_;  // frees the indexes recent_ lets go of
+    Pool pool_;             // the threads a batch's rows are drafted on (for_rows)
 };
 
 }  // namespace hvd

@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -131,9 +133,12 @@ public:
         uint64_t key = bigram_key(prev, tok);
         Postings* found = bigrams_.find(key);
         if (!found) return;
-        if (found->unsorted) {
-            restore_stamp_order(found->ends, prev, tok);
-            found->unsorted = false;
+        if (__atomic_load_n(&found->unsorted, __ATOMIC_ACQUIRE)) {  // (drafts run on several threads: lazy_)
+            std::lock_guard<std::mutex> lock(*lazy_);
+            if (found->unsorted) {
+                restore_stamp_order(found->ends, prev, tok);
+                __atomic_store_n(&found->unsorted, false, __ATOMIC_RELEASE);
+            }
         }
         const std::vector<int32_t>& list = found->ends;
         for (auto r = list.rbegin(); r != list.rend() && static_cast<int64_t>(out.size()) < limit; ++r)
@@ -162,13 +167,17 @@ public:
         Token* found = tokens_.find(prev);
         if (!found || found->children.empty()) return false;
         Token& s = *found;
-        if (s.dirty) {
-            s.best = -1;
-            int64_t bc = -1, bs = -1;
-            s.children.for_each([&](int32_t t, const Child& c) {
-                if (c.count > bc || (c.count == bc && c.newest > bs)) { s.best = t; bc = c.count; bs = c.newest; }
-            });
-            s.dirty = false;
+        if (__atomic_load_n(&s.dirty, __ATOMIC_ACQUIRE)) {  // (drafts run on several threads: lazy_)
+            std::lock_guard<std::mutex> lock(*lazy_);
+            if (s.dirty) {
+                int32_t best = -1;
+                int64_t bc = -1, bs = -1;
+                s.children.for_each([&](int32_t t, const Child& c) {
+                    if (c.count > bc || (c.count == bc && c.newest > bs)) { best = t; bc = c.count; bs = c.newest; }
+                });
+                s.best = best;
+                __atomic_store_n(&s.dirty, false, __ATOMIC_RELEASE);
+            }
         }
         tok = s.best;
         count = s.children.find(s.best)->count;
@@ -351,6 +360,12 @@ private:
     };
     FlatMap<uint64_t, Postings, UINT64_MAX> bigrams_;
     FlatMap<int32_t, Token, -1> tokens_;
+    // Lookups are reads but for two lazy repairs: a bigram list sorted back into stamp order
+    // (``unsorted``) and a token's best successor recomputed (``dirty``). A batch's drafts run
+    // on several threads at once (pool.hpp), so each repair is made under this lock, its flag
+    // read with acquire and cleared with release (a reader that sees it clear sees the repair).
+    // Appends, removals and compactions run on one thread, with no draft running.
+    std::unique_ptr<std::mutex> lazy_ = std::make_unique<std::mutex>();
 };
 
 }  // namespace hvd
