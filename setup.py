@@ -18,6 +18,7 @@ native = Pybind11Extension(
         "sglang_hvd/drafter/native/row_tree.hpp",
         "sglang_hvd/drafter/native/request_state.hpp",
         "sglang_hvd/drafter/native/reaper.hpp",
+        "sglang_hvd/drafter/native/pool.hpp",
         "sglang_hvd/drafter/native/features.hpp",
         "sglang_hvd/drafter/native/pairwise_sum.hpp",
         "sglang_hvd/drafter/native/choose_mode.hpp",
