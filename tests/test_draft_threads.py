@@ -3,6 +3,9 @@ the same chains and row trees as on one, whatever the thread count; bad counts r
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from sglang_hvd.drafter import DrafterConfig, available_drafters, create_drafter
@@ -93,3 +96,22 @@ def test_the_python_drafter_takes_one_thread_and_the_default_is_1_to_4():
         create_drafter("python", DrafterConfig(), threads=2)
     assert create_drafter("python", DrafterConfig(), threads=1).name == "python"
     assert 1 <= default_draft_threads() <= 4
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_drafts_inline_instead_of_waiting_on_its_parents_threads():
+    """The pool's threads stay in the parent: a child forked after the drafter was made drafts
+    its batches on its own thread (with the parent's threads it would wait forever)."""
+    d = create_drafter("native", DrafterConfig(), threads=4)
+    rids = [f"r{i}" for i in range(40)]
+    for i, rid in enumerate(rids):
+        d.start_request(rid, [5, 6, 7, 8, 5, 6, 7, 9, 5, 6][: 4 + i % 7])
+    want = d.speculate_step(rids, 15)[0].tokens.tolist()
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it drafted the parent's rows
+        signal.alarm(20)
+        ok = d.speculate_step(rids, 15)[0].tokens.tolist() == want
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert d.speculate_step(rids, 15)[0].tokens.tolist() == want  # the parent's pool still serves

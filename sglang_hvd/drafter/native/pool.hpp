@@ -3,8 +3,11 @@
 // every row i in [0, n), w the index of the thread running it (0: the caller): rows are handed
 // out one at a time, so a row with a long search does not hold up a whole share. A row's result
 // depends on the row alone (each thread its own scratch), never on which thread ran it or when.
-// The first exception a row throws stops the handing out and is rethrown by run.
+// The first exception a row throws stops the handing out and is rethrown by run. A process
+// forked from the pool's owner has none of its threads: there every batch runs inline.
 #pragma once
+
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -28,6 +31,10 @@ public:
     Pool& operator=(const Pool&) = delete;
 
     ~Pool() {
+        if (getpid() != owner_) {  // a forked child: the threads are the parent's
+            for (std::thread& t : workers_) t.detach();
+            return;
+        }
         {
             std::lock_guard<std::mutex> lock(mu_);
             stop_ = true;
@@ -42,7 +49,7 @@ public:
     // there are fewer than ``min_rows`` rows (waking the workers costs more than it saves).
     template <class Fn>
     void run(int64_t n, Fn&& fn, int64_t min_rows = 1) {
-        if (workers_.empty() || n < std::max<int64_t>(min_rows, 2)) {
+        if (workers_.empty() || n < std::max<int64_t>(min_rows, 2) || getpid() != owner_) {
             for (int64_t i = 0; i < n; ++i) fn(i, 0);
             return;
         }
@@ -92,6 +99,7 @@ private:
         }
     }
 
+    const pid_t owner_ = getpid();
     std::vector<std::thread> workers_;
     std::mutex mu_;
     std::condition_variable wake_, done_;
