@@ -3,6 +3,7 @@ the same chains and row trees as on one, whatever the thread count; bad counts r
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 
@@ -101,16 +102,24 @@ def test_the_python_drafter_takes_one_thread_and_the_default_is_1_to_4():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_drafts_inline_instead_of_waiting_on_its_parents_threads():
     """The pool's threads stay in the parent: a child forked after the drafter was made drafts
-    its batches on its own thread (with the parent's threads it would wait forever)."""
+    its batches on its own thread (with the parent's threads it would wait forever), frees what
+    it finishes itself, and lets the drafter go without joining the parent's threads."""
     d = create_drafter("native", DrafterConfig(), threads=4)
+    for i in range(20):  # the reaper thread started in the parent: 20 finished, 16 indexes kept
+        d.start_request(f"old{i}", list(range(300)))
+        d.finish_request(f"old{i}")
     rids = [f"r{i}" for i in range(40)]
     for i, rid in enumerate(rids):
         d.start_request(rid, [5, 6, 7, 8, 5, 6, 7, 9, 5, 6][: 4 + i % 7])
     want = d.speculate_step(rids, 15)[0].tokens.tolist()
     pid = os.fork()
-    if pid == 0:  # the child: exit 0 only if it drafted the parent's rows
+    if pid == 0:  # the child: exit 0 only if it drafted the parent's rows, then let the drafter go
         signal.alarm(20)
         ok = d.speculate_step(rids, 15)[0].tokens.tolist() == want
+        for rid in rids:  # finished requests' own indexes, past the 16 kept, go to the parent's reaper thread
+            d.finish_request(rid)
+        del d  # its pool and reaper let the parent's threads be (joining them would wait forever)
+        gc.collect()
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

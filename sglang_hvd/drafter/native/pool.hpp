@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -33,6 +34,7 @@ public:
     ~Pool() {
         if (getpid() != owner_) {  // a forked child: the threads are the parent's
             for (std::thread& t : workers_) t.detach();
+            static_cast<void>(sync_.release());
             return;
         }
         {
@@ -100,9 +102,16 @@ private:
     }
 
     const pid_t owner_ = getpid();
+    // The lock and conditions live on the heap: a forked child leaks them (destroying a
+    // condition the parent's threads wait on would wait for them, forever).
+    struct Sync {
+        std::mutex mu;
+        std::condition_variable wake, done;
+    };
+    std::unique_ptr<Sync> sync_ = std::make_unique<Sync>();
+    std::mutex& mu_ = sync_->mu;
+    std::condition_variable &wake_ = sync_->wake, &done_ = sync_->done;
     std::vector<std::thread> workers_;
-    std::mutex mu_;
-    std::condition_variable wake_, done_;
     const std::function<void(int64_t, int)>* job_ = nullptr;
     int64_t rows_ = 0;
     std::atomic<int64_t> next_{0};

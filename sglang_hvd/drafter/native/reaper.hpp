@@ -5,8 +5,10 @@
 // decode step's critical path. ``drop`` hands it here instead: one background thread,
 // started at the first drop, frees what it is given, in order; the destructor frees what
 // is left and joins it. Nothing dropped is ever read again, so drafts do not depend on
-// when it is freed.
+// when it is freed. A process forked from the owner has no such thread: it frees at once.
 #pragma once
+
+#include <unistd.h>
 
 #include <condition_variable>
 #include <deque>
@@ -24,6 +26,12 @@ public:
     Reaper& operator=(const Reaper&) = delete;
 
     ~Reaper() {
+        if (getpid() != owner_) {  // a forked child: the thread is the parent's
+            if (thread_.joinable()) thread_.detach();
+            queue_.clear();
+            static_cast<void>(sync_.release());
+            return;
+        }
         {
             std::lock_guard<std::mutex> lock(mu_);
             stop_ = true;
@@ -35,6 +43,7 @@ public:
 
     void drop(std::unique_ptr<T> item) {
         if (!item) return;
+        if (getpid() != owner_) return;  // a forked child: freed here, now (item goes out of scope)
         {
             std::lock_guard<std::mutex> lock(mu_);
             queue_.push_back(std::move(item));
@@ -65,8 +74,15 @@ private:
         }
     }
 
-    std::mutex mu_;
-    std::condition_variable cv_;
+    const pid_t owner_ = getpid();
+    // On the heap: a forked child leaks them (as pool.hpp's: the parent's thread waits on cv_).
+    struct Sync {
+        std::mutex mu;
+        std::condition_variable cv;
+    };
+    std::unique_ptr<Sync> sync_ = std::make_unique<Sync>();
+    std::mutex& mu_ = sync_->mu;
+    std::condition_variable& cv_ = sync_->cv;
     std::deque<std::unique_ptr<T>> queue_;
     size_t busy_ = 0;
     bool stop_ = false;
