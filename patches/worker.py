@@ -447,6 +447,7 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                     "gate_eagle_reserve": self.hvd.rule.eagle_reserve,
                     "gate_cache_siblings": self.hvd.rule.cache_siblings,
                     "verify_shape": self.hvd_shape.describe(), "modes": dict(self.hvd.stats.modes),
+                    "draft_threads": getattr(self.hvd.drafter, "threads", 1),  # the threads a batch drafts on
                     # per mode, the tokens the cost rule expected its steps to emit and those they emitted
                     "mode_expected_tokens": {k: round(v, 1) for k, v in self.hvd.stats.mode_expected.items()},
                     "mode_emitted_tokens": dict(self.hvd.stats.mode_emitted)}

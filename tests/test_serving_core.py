@@ -11,6 +11,7 @@ import pytest
 from sglang_hvd.decision import DecisionRule, decide
 from sglang_hvd.drafter import DrafterConfig, create_drafter
 from sglang_hvd.drafter.batch import DraftBatch
+from sglang_hvd.drafter.native_drafter import native_available
 from sglang_hvd.drafter.protocol import Draft
 from sglang_hvd.errors import HvdInputError
 from sglang_hvd.features import FeatureExtractor
@@ -425,6 +426,18 @@ def test_cost_aware_serving_settings_are_checked_before_serving(demo_dir, demo_g
                                                "4-1-5", "4-2-8/cache", "4-2-8", "4-2-16/cache", "4-2-16", "4-3-16"]
 
 
+
+@pytest.mark.skipif(not native_available(), reason="the native drafter is not built")
+def test_the_server_drafts_on_the_threads_it_is_given_or_on_its_default(demo_dir, demo_gate):
+    from sglang_hvd.drafter.native_drafter import default_draft_threads
+    from sglang_hvd.serving.factory import build_stepper
+
+    shape, gate_dir = demo_gate.verify_model.shape, os.path.join(demo_dir, "gate")
+    assert build_stepper(HVDServingConfig(enable=True, gate=gate_dir, draft_threads=3), shape).drafter.threads == 3
+    assert build_stepper(HVDServingConfig(enable=True, gate=gate_dir), shape).drafter.threads == default_draft_threads()
+    # the reference drafter drafts on one thread: its default is 1
+    assert not hasattr(build_stepper(HVDServingConfig(enable=True, gate=gate_dir, drafter="python"), shape).drafter,
+                       "threads")
 
 def test_a_cost_aware_stepper_counts_what_each_mode_expected_and_emitted(demo_dir, demo_gate):
     from sglang_hvd.serving.factory import build_stepper

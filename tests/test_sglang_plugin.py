@@ -327,6 +327,7 @@ def test_worker_bookkeeping_with_a_mixed_batch(demo_dir, tmp_path, stock_verify)
     assert stats["gate_digest"] == w.hvd.gate.digest and len(stats["gate_digest"]) == 16
     assert (stats["gate_threshold"], stats["gate_eagle_reserve"]) == (w.hvd.rule.threshold, w.hvd.rule.eagle_reserve)
     assert stats["verify_shape"] == w.hvd_shape.describe()
+    assert stats["draft_threads"] == 1  # the python drafter's one thread
     from sglang_hvd.decision import DecisionRule
 
     w.hvd.rule = DecisionRule(-math.inf, 0)  # cache_only serving: /server_info must stay strict JSON
