@@ -81,3 +81,24 @@ def test_traces_that_cannot_be_read_are_refused_in_one_line(demo_dir, tmp_path, 
     with pytest.raises(SystemExit):
         bf.main([str(tmp_path / "missing.jsonl"), "--gate", os.path.join(demo_dir, "gate")])
     assert "missing.jsonl: no such file" in capsys.readouterr().err
+
+
+def test_draft_threads_run_on_the_wall_clock_with_the_same_cycles(demo_dir, tmp_path, capsys):
+    bf = bench_script("bench_fleet")
+    traces, gate = os.path.join(demo_dir, "traces.jsonl"), os.path.join(demo_dir, "gate")
+    args = [traces, "--gate", gate, "--concurrency", "0", "--no-sequential", "--batch", "32", "--limit", "120"]
+    for bad, message in ((["--draft-threads", "2"], "--draft-threads above 1 needs --clock wall"),
+                         (["--draft-threads", "0", "--clock", "wall"], "--draft-threads: must be in [1, 64], got 0")):
+        with pytest.raises(SystemExit):
+            bf.main([*args, *bad])
+        assert message in capsys.readouterr().err
+    cycles = []
+    for threads in ("1", "4"):
+        out = str(tmp_path / f"t{threads}.json")
+        assert bf.main([*args, "--draft-threads", threads, "--clock", "wall", "--json", out]) == 0
+        with open(out) as f:
+            got = json.load(f)
+        assert got["draft_threads"] == int(threads)
+        cycles.append(got["fixed_batch"]["batch 32 (S 4)"]["cycles_per_1k"])
+    assert "drafts on 4 threads" in capsys.readouterr().out
+    assert cycles[0] == cycles[1] > 0  # the same plans on four threads

@@ -173,7 +173,11 @@ public:
                 int32_t best = -1;
                 int64_t bc = -1, bs = -1;
                 s.children.for_each([&](int32_t t, const Child& c) {
-                    if (c.count > bc || (c.count == bc && c.newest > bs)) { best = t; bc = c.count; bs = c.newest; }
+                    if (c.count > bc || (c.count == bc && c.newest > bs)) {
+                        best = t;
+                        bc = c.count;
+                        bs = c.newest;
+                    }
                 });
                 s.best = best;
                 __atomic_store_n(&s.dirty, false, __ATOMIC_RELEASE);
@@ -295,8 +299,7 @@ private:
     // document's entries at the back with their old stamps). Each entry's stamp is read once,
     // beside it, and the list is a few runs already in stamp order (the entries before the move,
     // the moved document's, those appended since): runs are merged, one after another, where
-    // they are few (else sorted). A sort comparing stamps read through the entries took
-    // milliseconds on a list of a few thousand, holding up its step.
+    // they are few (else sorted). (A sort read two scattered stamps per comparison.)
     void restore_stamp_order(std::vector<int32_t>& list, int32_t prev, int32_t tok) {
         std::vector<std::pair<int64_t, int32_t>>& keyed = restore_buf_;  // (under lazy_: one at a time)
         keyed.clear();
