@@ -86,7 +86,7 @@ struct ChainSet {
     int32_t last = 0;        // (one_token) the context's last token
     int p_lo = 0, p_hi = 0, limit = 0;
     int64_t walked = 0;          // the set's size (a draft's match_count)
-    std::vector<int64_t> ends;   // (not one_token) its occurrences' ends, ascending
+    std::vector<int64_t> ends;   // (not one_token) its occurrences' ends, in any order
 };
 
 class Searcher {
@@ -214,9 +214,8 @@ private:
                     std::nth_element(newest_.begin(), newest_.begin() + cap, newest_.end(), std::greater<int32_t>());
                     newest_.resize(static_cast<size_t>(cap));
                 }
-                cur_.clear();
+                cur_.clear();  // (in no particular order: a walk's and a tree's choices do not depend on it)
                 for (int32_t k : newest_) cur_.push_back(ends_[k]);
-                std::sort(cur_.begin(), cur_.end());
                 const int64_t walked = static_cast<int64_t>(cur_.size());
                 Out& d = fresh<Out>();
                 if constexpr (kTree) {
@@ -329,7 +328,8 @@ private:
         return got + left * prob < beat - 1e-9;
     }
 
-    // Greedy walk from the occurrences `cur` (ascending end positions), appending to d
+    // Greedy walk from the occurrences `cur` (end positions, in any order: continuations are
+    // counted, and ties go to the newest stamp), appending to d
     // until it holds `limit` tokens. `prob` is the path probability so far. Returns false,
     // d unfinished, once d can no longer score more than `beat` (consider would refuse it).
     bool walk(Index& ix, std::vector<int64_t>& cur, int limit, double prob, Draft& d, double beat) {
