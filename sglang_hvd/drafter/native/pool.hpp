@@ -47,11 +47,11 @@ public:
 
     int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-    // fn(i, w) for every i in [0, n); rows run inline (w = 0) when the pool has no workers or
-    // there are fewer than ``min_rows`` rows (waking the workers costs more than it saves).
+    // fn(i, w) for every i in [0, n); rows run inline (w = 0) when the pool has no workers (or
+    // this is a forked child) or there is one row.
     template <class Fn>
-    void run(int64_t n, Fn&& fn, int64_t min_rows = 1) {
-        if (workers_.empty() || n < std::max<int64_t>(min_rows, 2) || getpid() != owner_) {
+    void run(int64_t n, Fn&& fn) {
+        if (workers_.empty() || n < 2 || getpid() != owner_) {
             for (int64_t i = 0; i < n; ++i) fn(i, 0);
             return;
         }

@@ -29,25 +29,25 @@ public:
 
     int threads() const { return pool_.size(); }
 
-    // fn(i, w) for each row i of a batch of running requests, on the pool's threads (w: the
-    // thread; its searcher drafts the row: speculated(reqs[i], w), speculate_row(reqs[i], n, w)).
-    // Checked first, on this thread: every request is running (else out_of_range, nothing
-    // drafted). A batch naming a request twice runs on this thread alone (its rows would
-    // write one kept chain).
+    // fn(i, w) for each row i of a batch of running requests (w: the thread; its searcher drafts
+    // the row: speculated(reqs[i], w), speculate_row(reqs[i], n, w)), in order on this thread
+    // unless the pool has workers and the batch kMinParallelRows rows. On the pool, checked
+    // first on this thread: every request is running (else out_of_range, nothing drafted); a
+    // batch naming a request twice runs on this thread alone (its rows would write one kept chain).
     template <class Fn>
     void for_rows(const int64_t* reqs, int64_t n, Fn&& fn) {
+        auto inline_rows = [&] {
+            for (int64_t i = 0; i < n; ++i) fn(i, 0);
+        };
+        if (pool_.size() == 1 || n < kMinParallelRows) return inline_rows();
         for (int64_t i = 0; i < n; ++i) {
             running(reqs[i]);
             last_chain_[reqs[i]];  // its slot made here: the rows only find theirs
         }
         std::vector<int64_t> ids(reqs, reqs + n);
         std::sort(ids.begin(), ids.end());
-        const bool repeated = std::adjacent_find(ids.begin(), ids.end()) != ids.end();
-        if (repeated) {
-            for (int64_t i = 0; i < n; ++i) fn(i, 0);
-            return;
-        }
-        pool_.run(n, fn, kMinParallelRows);
+        if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) return inline_rows();
+        pool_.run(n, fn);
     }
 
     void reset() {
