@@ -4,10 +4,11 @@
 // the moment it was appended (a per-index clock), and a depth-limited suffix trie's counts
 // follow from where strings end. What differs is how lookups are made fast:
 //
-//   bigram index   (prev, tok) -> arena positions of tok preceded by prev, in the order
-//                  they were appended (stamp order: a list holding a moved document's
-//                  entries is marked and sorted back into place on its next lookup); may
-//                  hold stale entries of moved or removed documents, filtered on lookup
+//   bigram index   (prev, tok) -> arena positions of tok preceded by prev, always in
+//                  the order they were appended (stamp order: a moved document's entries
+//                  are rewritten in place); a list that held an entry of a removed
+//                  document is marked stale and filtered once, at its next lookup, so a
+//                  lookup copies the newest entries without reading the arena
 //   tokens         tok -> its live occurrences, and its successors {next: (count, newest
 //                  stamp)} with the best child cached, so a one-token pattern needs no scan
 //                  of its (possibly huge) occurrence set. One record per token: an append
@@ -101,7 +102,10 @@ public:
         // Counts first (they need each token's predecessor), then free the slots, then
         // repair the newest-stamp of pairs that lost their newest occurrence.
         std::vector<std::pair<int32_t, int32_t>> repair;
-        for (int64_t i = d.start; i < d.start + d.len; ++i) uncount(i, repair);
+        for (int64_t i = d.start; i < d.start + d.len; ++i) {
+            uncount(i, repair);
+            if (arena_[i - 1] >= 0) bigrams_.find(bigram_key(arena_[i - 1], arena_[i]))->stale = true;
+        }
         for (int64_t i = d.start; i < d.start + d.len; ++i) arena_[i] = SENTINEL;
         repair_newest(repair);
         num_live_ -= d.len;
@@ -127,23 +131,23 @@ public:
     }
 
     // Live end positions of the bigram (prev, tok), oldest first (ascending stamps).
-    // Only the newest `limit` of them (read from the back: the work is bounded by it).
+    // Only the newest `limit` of them: a copy of the list's back, the arena not read (a
+    // stale list is filtered first, once).
     void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out, int64_t limit) {
         out.clear();
         uint64_t key = bigram_key(prev, tok);
         Postings* found = bigrams_.find(key);
         if (!found) return;
-        if (__atomic_load_n(&found->unsorted, __ATOMIC_ACQUIRE)) {  // (drafts run on several threads: lazy_)
+        if (__atomic_load_n(&found->stale, __ATOMIC_ACQUIRE)) {  // (drafts run on several threads: lazy_)
             std::lock_guard<std::mutex> lock(*lazy_);
-            if (found->unsorted) {
-                restore_stamp_order(found->ends, prev, tok);
-                __atomic_store_n(&found->unsorted, false, __ATOMIC_RELEASE);
+            if (found->stale) {
+                drop_stale(found->ends, prev, tok);
+                __atomic_store_n(&found->stale, false, __ATOMIC_RELEASE);
             }
         }
         const std::vector<int32_t>& list = found->ends;
-        for (auto r = list.rbegin(); r != list.rend() && static_cast<int64_t>(out.size()) < limit; ++r)
-            if (arena_[*r] == tok && arena_[*r - 1] == prev) out.push_back(*r);
-        std::reverse(out.begin(), out.end());
+        const size_t n = std::min(list.size(), static_cast<size_t>(std::max<int64_t>(limit, 0)));
+        out.assign(list.end() - static_cast<std::ptrdiff_t>(n), list.end());
     }
 
     // Every token seen after `prev`: (token, live count, newest stamp).
@@ -286,47 +290,48 @@ private:
             stamps_[start + k] = stamps_[d.start + k];
             arena_[d.start + k] = SENTINEL;
         }
-        for (int64_t k = 1; k < d.len; ++k) {
-            Postings& list = bigrams_[bigram_key(arena_[start + k - 1], arena_[start + k])];
-            list.ends.push_back(static_cast<int32_t>(start + k));
-            list.unsorted = true;
+        for (int64_t k = 1; k < d.len; ++k) {  // each entry rewritten where it is: the lists stay in stamp order
+            Postings* list = bigrams_.find(bigram_key(arena_[start + k - 1], arena_[start + k]));
+            const int64_t at = list ? entry_of(list->ends, d.start + k, stamps_[start + k]) : -1;
+            if (at < 0) throw std::logic_error("token index: a moved token's bigram entry is missing");
+            list->ends[static_cast<size_t>(at)] = static_cast<int32_t>(start + k);
         }
         dead_ += d.cap + 1;
         moved = Doc{start, d.len, new_cap};
     }
 
-    // Drop stale entries and sort the rest by stamp (after a relocation appended a moved
-    // document's entries at the back with their old stamps). Each entry's stamp is read once,
-    // beside it, and the list is a few runs already in stamp order (the entries before the move,
-    // the moved document's, those appended since): runs are merged, one after another, where
-    // they are few (else sorted). (A sort read two scattered stamps per comparison.)
-    void restore_stamp_order(std::vector<int32_t>& list, int32_t prev, int32_t tok) {
-        std::vector<std::pair<int64_t, int32_t>>& keyed = restore_buf_;  // (under lazy_: one at a time)
-        keyed.clear();
+    // The entries of removed documents (their slots SENTINEL, or, after a compaction, another
+    // bigram's) dropped from a list, the rest kept in order.
+    void drop_stale(std::vector<int32_t>& list, int32_t prev, int32_t tok) const {
+        size_t w = 0;
         for (int32_t e : list)
-            if (arena_[e] == tok && arena_[e - 1] == prev) keyed.emplace_back(stamps_[e], e);
-        size_t runs = 1;
-        for (size_t i = 1; i < keyed.size(); ++i) runs += keyed[i].first < keyed[i - 1].first;
-        if (runs > kMergedRuns) {
-            std::sort(keyed.begin(), keyed.end());
-        } else if (runs > 1) {
-            size_t sorted = 1;  // keyed[:sorted] is in order; merge the next run into it
-            while (sorted < keyed.size()) {
-                size_t end = sorted + 1;
-                while (end < keyed.size() && keyed[end].first > keyed[end - 1].first) ++end;
-                std::inplace_merge(keyed.begin(), keyed.begin() + static_cast<std::ptrdiff_t>(sorted),
-                                   keyed.begin() + static_cast<std::ptrdiff_t>(end));
-                sorted = end;
-            }
+            if (arena_[e] == tok && arena_[e - 1] == prev) list[w++] = e;
+        list.resize(w);
+    }
+
+    // Where `list` (in stamp order; a removed document's stale entries keep their slots' stamps,
+    // still in order) holds position `pos`, whose stamp is `stamp`; -1 if it does not. Looked
+    // for from the back, in doubling steps, then by bisection: a moved document is most often
+    // a growing response, whose entries are among its lists' newest.
+    int64_t entry_of(const std::vector<int32_t>& list, int64_t pos, int64_t stamp) const {
+        const int64_t n = static_cast<int64_t>(list.size());
+        int64_t hi = n, step = 1;  // list[hi:] stamps > stamp
+        while (hi - step >= 0 && stamps_[list[static_cast<size_t>(hi - step)]] > stamp) {
+            hi -= step;
+            step *= 2;
         }
-        list.resize(keyed.size());
-        for (size_t i = 0; i < keyed.size(); ++i) list[i] = keyed[i].second;
+        int64_t lo = std::max<int64_t>(hi - step, 0);  // list[lo] stamp <= stamp (or lo == 0)
+        while (lo < hi) {  // the first entry of list[lo:hi] whose stamp >= stamp
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (stamps_[list[static_cast<size_t>(mid)]] < stamp) lo = mid + 1; else hi = mid;
+        }
+        return lo < n && list[static_cast<size_t>(lo)] == pos ? lo : -1;
     }
 
     // Documents packed from the arena's start, in their order there, each keeping its spare
     // room. The bigram lists are not rebuilt: each keeps its live entries, moved with their
-    // documents, in the order they were in (stamp order, but for lists still marked unsorted,
-    // sorted at their next lookup), and drops those of removed or moved-away copies. A
+    // documents, in the order they were in (stamp order), and drops those of removed
+    // documents (no list is stale after it). A
     // rebuild (every live token re-inserted into the table, every list sorted) stalled the
     // step that compacted a full 2 M-token cache for ~0.5 s.
     void compact() {
@@ -355,6 +360,7 @@ private:
             for (int32_t e : list)
                 if (e < size_ && moved_to[e] >= 0) list[w++] = moved_to[e];
             list.resize(w);
+            postings.stale = false;
             if (w == 0) emptied.push_back(key);
         });
         for (uint64_t key : emptied) bigrams_.erase(key);
@@ -370,22 +376,20 @@ private:
     std::vector<int64_t> stamps_;
     int64_t size_ = 0, clock_ = 0, num_live_ = 0, dead_ = 0, compactions_ = 0;
     std::unordered_map<int64_t, Doc> docs_;
-    // A bigram's end positions, in the order they were appended; ``unsorted``: a moved
-    // document's entries were appended with their old stamps (sorted back at the next lookup).
+    // A bigram's end positions, in the order they were appended; ``stale``: it may hold
+    // entries of removed documents (dropped at its next lookup).
     struct Postings {
         std::vector<int32_t> ends;
-        bool unsorted = false;
+        bool stale = false;
     };
     FlatMap<uint64_t, Postings, UINT64_MAX> bigrams_;
     FlatMap<int32_t, Token, -1> tokens_;
-    // Lookups are reads but for two lazy repairs: a bigram list sorted back into stamp order
-    // (``unsorted``) and a token's best successor recomputed (``dirty``). A batch's drafts run
+    // Lookups are reads but for two lazy repairs: a bigram list's stale entries dropped
+    // (``stale``) and a token's best successor recomputed (``dirty``). A batch's drafts run
     // on several threads at once (pool.hpp), so each repair is made under this lock, its flag
     // read with acquire and cleared with release (a reader that sees it clear sees the repair).
     // Appends, removals and compactions run on one thread, with no draft running.
     std::unique_ptr<std::mutex> lazy_ = std::make_unique<std::mutex>();
-    std::vector<std::pair<int64_t, int32_t>> restore_buf_;  // restore_stamp_order's (stamp, entry) pairs
-    static constexpr size_t kMergedRuns = 8;  // more runs than this are sorted instead
 };
 
 }  // namespace hvd
