@@ -494,7 +494,8 @@ private:
         // not matter: the frontier orders them by (probability, depth, newest stamp), and stamps
         // are unique; nor does the order of a span's ends.
         branches_.clear();
-        cont_.clear();
+        if (cont_.size() < n) cont_.resize(n);  // (written by index: a push per occurrence was a call)
+        size_t m = 0;  // cont_[:m] are this node's
         bool many = false;
         for (size_t k = 0; k < n; ++k) {
             const int64_t e = occ[k] + 1;
@@ -517,7 +518,7 @@ private:
             Branch& c = branches_[static_cast<size_t>(j)];
             c.count += 1;
             c.newest = std::max(c.newest, stamps[e]);
-            cont_.emplace_back(j, e);
+            cont_[m++] = {j, e};
         }
         const double total = static_cast<double>(n);
         size_t at = pool_.size();
@@ -527,7 +528,8 @@ private:
             if (c.fill != SIZE_MAX) at += static_cast<size_t>(c.count);
         }
         pool_.resize(at);  // (occ is not read past this point: its ends were copied to cont_)
-        for (const auto& [j, e] : cont_) {
+        for (size_t k = 0; k < m; ++k) {
+            const auto [j, e] = cont_[k];
             Branch& c = branches_[static_cast<size_t>(j)];
             if (c.fill != SIZE_MAX) pool_[c.fill++] = e;
         }
