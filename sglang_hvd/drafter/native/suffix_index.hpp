@@ -104,7 +104,8 @@ public:
         std::vector<std::pair<int32_t, int32_t>> repair;
         for (int64_t i = d.start; i < d.start + d.len; ++i) {
             uncount(i, repair);
-            if (arena_[i - 1] >= 0) bigrams_.find(bigram_key(arena_[i - 1], arena_[i]))->stale = true;
+            if (arena_[i - 1] < 0) continue;
+            if (Postings* list = bigrams_.find(bigram_key(arena_[i - 1], arena_[i]))) list->stale = true;
         }
         for (int64_t i = d.start; i < d.start + d.len; ++i) arena_[i] = SENTINEL;
         repair_newest(repair);
@@ -300,8 +301,8 @@ private:
         moved = Doc{start, d.len, new_cap};
     }
 
-    // The entries of removed documents (their slots SENTINEL, or, after a compaction, another
-    // bigram's) dropped from a list, the rest kept in order.
+    // The entries of removed documents (their slots SENTINEL: no slot is reused before a
+    // compaction, which drops such entries itself) dropped from a list, the rest kept in order.
     void drop_stale(std::vector<int32_t>& list, int32_t prev, int32_t tok) const {
         size_t w = 0;
         for (int32_t e : list)
