@@ -102,3 +102,17 @@ def test_draft_threads_run_on_the_wall_clock_with_the_same_cycles(demo_dir, tmp_
         cycles.append(got["fixed_batch"]["batch 32 (S 4)"]["cycles_per_1k"])
     assert "drafts on 4 threads" in capsys.readouterr().out
     assert cycles[0] == cycles[1] > 0  # the same plans on four threads
+
+
+def test_a_fixed_batch_splits_its_plan_into_appends_drafts_and_decision(demo_dir, tmp_path, capsys):
+    bf = bench_script("bench_fleet")
+    out = str(tmp_path / "parts.json")
+    assert bf.main([os.path.join(demo_dir, "traces.jsonl"), "--gate", os.path.join(demo_dir, "gate"),
+                    "--concurrency", "0", "--no-sequential", "--batch", "8", "--limit", "60", "--json", out]) == 0
+    header = [line for line in capsys.readouterr().out.splitlines() if line.startswith("batch ")][0].split()
+    assert header[-3:] == ["appends", "drafts", "decision"]
+    with open(out) as f:
+        us = json.load(f)["fixed_batch"]["batch 8 (S 4)"]
+    assert us["steps"] > 0 and us["appends"] > 0 and us["drafts"] > 0 and us["decision"] > 0
+    assert us["appends"] + us["drafts"] + us["decision"] == pytest.approx(us["plan"], rel=0.02)
+    assert us["host"] == pytest.approx(sum(us[p] for p in ("start", "sync", "plan", "verified", "finish")))

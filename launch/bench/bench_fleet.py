@@ -11,8 +11,11 @@ responses entering the global cache as they are generated) at each concurrency, 
 and prints cycles per 1,000 tokens and seconds for each, and for fleet replay the serving
 stepper's host time per decode step: ``plan`` (drafts, features, gate, row trees, as
 ``cpu_us_per_step`` reports it) and ``host``, everything the stepper does on the step's
-critical path (sync + plan + verified + finish). A new request's prompt is indexed at its
-prefill (as the server does), off the decode steps: ``prefill``, microseconds per request
+critical path (sync + plan + verified + finish). At a fixed batch, ``plan`` is also split:
+``appends`` (the step's new tokens into the drafter), ``drafts`` (its chains and row trees)
+and ``decision`` (the rest: features, gate, the cost rule's pick, the row plans). A new
+request's prompt is indexed at its prefill (as the server does), off the decode steps:
+``prefill``, microseconds per request
 (``start`` counts a request first seen at a decode step, none in fleet replay). Fleet
 replay at concurrency 1 plans the same rows as sequential replay. ``--cache-siblings``
 repeats the fleet runs with each value in the gate's rule. ``--profile P`` times cost-aware
@@ -68,27 +71,69 @@ from sglang_hvd.tiers import Tier, served_tiers
 from sglang_hvd.trace import iter_traces
 
 PARTS = ("start", "sync", "plan", "verified", "finish")
+# plan's own parts: the step's appends (the tokens synced since the last step, into the drafter),
+# its drafts (chains and row trees: the drafter's batch calls) and the decision (the rest: features,
+# gate, the cost rule's pick, the row plans)
+PLAN_PARTS = ("appends", "drafts", "decision")
 
 
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 
+class _TimedDrafter:
+    """A stepper's drafter, its appends and batch drafts inside a plan timed into ``timed``'s
+    plan parts (every other call passed through untimed)."""
+
+    def __init__(self, drafter, timed: TimedStepper):
+        self._drafter, self._timed = drafter, timed
+
+    def __getattr__(self, name):
+        return getattr(self._drafter, name)
+
+    def _call(self, part: str, name: str, *args):
+        timed = self._timed
+        if not timed.planning:
+            return getattr(self._drafter, name)(*args)
+        t = timed.clock()
+        try:
+            return getattr(self._drafter, name)(*args)
+        finally:
+            timed._add(part, t)
+            timed.inner_reads += 2  # inside plan's own timing
+
+    def append_batch(self, *args):
+        return self._call("appends", "append_batch", *args)
+
+    def speculate_step(self, *args):
+        return self._call("drafts", "speculate_step", *args)
+
+    def speculate_arrays(self, *args):
+        return self._call("drafts", "speculate_arrays", *args)
+
+    def speculate_rows(self, *args):
+        return self._call("drafts", "speculate_rows", *args)
+
+
 class TimedStepper:
     """The serving stepper behind fleet replay's Planner interface, each call timed by
     ``clock``: per verify step, the time of the starts, syncs and finishes since the step
-    before, of its plan and of its verified, and its batch size."""
+    before, of its plan (and within it of its appends and drafts: PLAN_PARTS) and of its
+    verified, and its batch size."""
 
     def __init__(self, stepper: HVDStepper, clock=time.thread_time):
         self.stepper = stepper
+        stepper.drafter = _TimedDrafter(stepper.drafter, self)
+        self.planning = False  # inside plan: the drafter's appends and drafts are timed
+        self.inner_reads = 0  # clock reads of those timings, inside the plan's (taken off it)
         self.clock = clock
         self.host = stepper.host
         self.extend = stepper.extend
         # what reading the clock itself adds to a timed call (a CPU-time read is a system call,
         # ~1 us here): taken off every call, so that 64 syncs a step do not count 64 of them
         self._overhead_s = min(-clock() + clock() for _ in range(1000))
-        self._pending = dict.fromkeys(PARTS, 0.0)
+        self._pending = dict.fromkeys(PARTS + PLAN_PARTS, 0.0)
         self.batch: list[int] = []
-        self.parts_us: dict[str, list[float]] = {p: [] for p in PARTS}
+        self.parts_us: dict[str, list[float]] = {p: [] for p in PARTS + PLAN_PARTS}
         self.prefill_us: list[float] = []  # each new request's indexing at its prefill
 
     def _add(self, part: str, start: float) -> None:
@@ -112,9 +157,16 @@ class TimedStepper:
         self._add("finish", t)
 
     def plan(self, rids: Sequence[str]) -> BatchPlan:
+        self.planning, self.inner_reads = True, 0
         t = self.clock()
-        plans = self.stepper.plan(rids)
-        self._add("plan", t)
+        try:
+            plans = self.stepper.plan(rids)
+        finally:
+            self._add("plan", t)
+            self.planning = False
+        pending = self._pending
+        pending["plan"] = max(pending["plan"] - self.inner_reads * self._overhead_s * 1e6, 0.0)
+        pending["decision"] += max(pending["plan"] - pending["appends"] - pending["drafts"], 0.0)
         self.batch.append(len(rids))
         return plans
 
@@ -122,7 +174,7 @@ class TimedStepper:
         t = self.clock()
         self.stepper.verified(rids, accepts)
         self._add("verified", t)
-        for p in PARTS:  # a step's record closes with its verified
+        for p in PARTS + PLAN_PARTS:  # a step's record closes with its verified
             self.parts_us[p].append(self._pending[p])
             self._pending[p] = 0.0
 
@@ -132,7 +184,7 @@ class TimedStepper:
         sizes = np.asarray(self.batch)
         keep = np.ones(len(sizes), bool) if batch is None else sizes == batch
         parts = {p: np.asarray(v)[keep] for p, v in self.parts_us.items()}
-        host = sum(parts.values()) if keep.any() else np.zeros(0)
+        host = sum(parts[p] for p in PARTS) if keep.any() else np.zeros(0)
         out = {p: float(v.mean()) if len(v) else float("nan") for p, v in parts.items()}
         out["host"] = float(host.mean()) if len(host) else float("nan")
         out["host_p90"] = float(np.percentile(host, 90)) if len(host) else float("nan")
@@ -289,13 +341,14 @@ def main(argv=None) -> int:
             print(f"{name:<22} {cycles:>13.1f} {seconds:>8.1f} {plan:>12} {host:>12}")
     if fixed:
         print(f"\nhost time at a fixed batch ({a.clock} time; turns as requests; us per step, mean; steps of exactly "
-              f"B rows; host = start + sync + plan + verified + finish; prefill: us per request, off the decode "
-              f"steps)")
+              f"B rows; host = start + sync + plan + verified + finish; plan = appends + drafts + decision; prefill: "
+              f"us per request, off the decode steps)")
         print(f"{'batch':<18} {'steps':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'host':>9} {'host p90':>9}"
-              f" {'cycles/1k':>9} {'prefill':>9}")
+              f" {'cycles/1k':>9} {'prefill':>9} " + " ".join(f"{p:>9}" for p in PLAN_PARTS))
         for name, us, cycles in fixed + drafts_only:
             print(f"{name:<18} {us['steps']:>6} " + " ".join(f"{us[p]:>9.0f}" for p in PARTS)
-                  + f" {us['host']:>9.0f} {us['host_p90']:>9.0f} {cycles:>9.1f} {us['prefill_per_request']:>9.0f}")
+                  + f" {us['host']:>9.0f} {us['host_p90']:>9.0f} {cycles:>9.1f} {us['prefill_per_request']:>9.0f} "
+                  + " ".join(f"{us[p]:>9.0f}" for p in PLAN_PARTS))
     host_cost = None
     if drafts_only and len(batches) >= 2:
         hvd_rows = fixed[-len(batches):]  # the gate's own rule
