@@ -303,7 +303,7 @@ private:
 
     // The entries of removed documents (their slots SENTINEL: no slot is reused before a
     // compaction, which drops such entries itself) dropped from a list, the rest kept in order.
-    void drop_stale(std::vector<int32_t>& list, int32_t prev, int32_t tok) const {
+    void drop_stale(std::vector<int32_t>& list, int32_t prev, int32_t tok) {
         size_t w = 0;
         for (int32_t e : list)
             if (arena_[e] == tok && arena_[e - 1] == prev) list[w++] = e;
