@@ -133,12 +133,12 @@ public:
 
     // Live end positions of the bigram (prev, tok), oldest first (ascending stamps).
     // Only the newest `limit` of them: a copy of the list's back, the arena not read (a
-    // stale list is filtered first, once).
-    void bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out, int64_t limit) {
+    // stale list is filtered first, once). Returns how many there are in all (the pair's live count).
+    int64_t bigram_ends(int32_t prev, int32_t tok, std::vector<int64_t>& out, int64_t limit) {
         out.clear();
         uint64_t key = bigram_key(prev, tok);
         Postings* found = bigrams_.find(key);
-        if (!found) return;
+        if (!found) return 0;
         if (__atomic_load_n(&found->stale, __ATOMIC_ACQUIRE)) {  // (drafts run on several threads: lazy_)
             std::lock_guard<std::mutex> lock(*lazy_);
             if (found->stale) {
@@ -149,6 +149,7 @@ public:
         const std::vector<int32_t>& list = found->ends;
         const size_t n = std::min(list.size(), static_cast<size_t>(std::max<int64_t>(limit, 0)));
         out.assign(list.end() - static_cast<std::ptrdiff_t>(n), list.end());
+        return static_cast<int64_t>(list.size());
     }
 
     // Every token seen after `prev`: (token, live count, newest stamp).
@@ -157,14 +158,6 @@ public:
         const Token* s = tokens_.find(prev);
         if (!s) return;
         s->children.for_each([&](int32_t tok, const Child& c) { out.emplace_back(tok, c.count, c.newest); });
-    }
-
-    // Live occurrences of the bigram (prev, tok).
-    int64_t pair_count(int32_t prev, int32_t tok) const {
-        const Token* s = tokens_.find(prev);
-        if (!s) return 0;
-        const Child* c = s->children.find(tok);
-        return c ? c->count : 0;
     }
 
     // The most frequent token after `prev` (ties: the most recently appended). False if none.

@@ -156,12 +156,11 @@ private:
         const int32_t last = ctx[n - 1];
         int64_t e1_count = ix.count(last);
         if (e1_count == 0) return best;
-        // rev[j] = the context's (j+1)-th token from the end.
-        rev_.assign(max_p + 1, 0);
-        for (int j = 0; j <= max_p; ++j) rev_[j] = ctx[n - 1 - j];
+        const int32_t* rev = ctx + n - 1;  // rev[-j] = the context's (j+1)-th token from the end
 
-        ix.bigram_ends(rev_[1], last, ends_, cfg_.max_scan);  // the newest M of E2
-        bool merged = ix.pair_count(rev_[1], last) == e1_count;  // E2 == E1: lengths 1 and 2 share a set
+        // the newest M of E2 (and all of E2's size: the pair's live count)
+        const int64_t e2_count = ix.bigram_ends(rev[-1], last, ends_, cfg_.max_scan);
+        bool merged = e2_count == e1_count;  // E2 == E1: lengths 1 and 2 share a set
         if (!ends_.empty()) {
             // Backward match length (>= 2, capped at max_p) of the occurrences, newest
             // first, until K of them match all max_p tokens: ends_[first:] are scanned.
@@ -175,7 +174,7 @@ private:
                 --first;
                 int64_t e = ends_[first];
                 int b = 2;
-                while (b < max_p && arena[e - b] == rev_[b]) ++b;
+                while (b < max_p && arena[e - b] == rev[-b]) ++b;
                 match_[first] = std::min(b, max_p);
                 full += match_[first] == max_p;
             }
@@ -562,7 +561,6 @@ private:
     };
     FlatMap<int32_t, BranchIndex, -1> branch_of_;  // past kFewChildren branches: token -> branch
     std::vector<std::tuple<int32_t, int64_t, int64_t>> succ_buf_;
-    std::vector<int32_t> rev_;
     std::vector<int64_t> ends_, cur_, walked_set_;
     ChainSet chain_set_;  // the occurrence set of best's winner so far (search<Draft>)
     // The drafts a search walks into, cleared for each set: their buffers are reused, not
