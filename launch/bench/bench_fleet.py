@@ -157,6 +157,8 @@ class TimedStepper:
         self._add("finish", t)
 
     def plan(self, rids: Sequence[str]) -> BatchPlan:
+        pending = self._pending
+        before = {p: pending[p] for p in ("plan", "appends", "drafts")}
         self.planning, self.inner_reads = True, 0
         t = self.clock()
         try:
@@ -164,9 +166,9 @@ class TimedStepper:
         finally:
             self._add("plan", t)
             self.planning = False
-        pending = self._pending
-        pending["plan"] = max(pending["plan"] - self.inner_reads * self._overhead_s * 1e6, 0.0)
-        pending["decision"] += max(pending["plan"] - pending["appends"] - pending["drafts"], 0.0)
+        pending["plan"] = max(pending["plan"] - self.inner_reads * self._overhead_s * 1e6, before["plan"])
+        inner = sum(pending[p] - before[p] for p in ("appends", "drafts"))
+        pending["decision"] += max(pending["plan"] - before["plan"] - inner, 0.0)
         self.batch.append(len(rids))
         return plans
 
