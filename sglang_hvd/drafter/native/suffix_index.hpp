@@ -224,18 +224,25 @@ private:
         }
     }
 
-    // After slots were freed: recompute the newest stamp of the listed pairs.
+    // After slots were freed: recompute the newest stamp of the listed pairs (their lists are in
+    // stamp order: the last entry still live, read from the back).
     void repair_newest(const std::vector<std::pair<int32_t, int32_t>>& repair) {
         for (auto& [prev, tok] : repair) {
             Child* c = tokens_.find(prev)->children.find(tok);
             if (!c) continue;
             int64_t newest = -1;
             if (const Postings* list = bigrams_.find(bigram_key(prev, tok)))
-                for (int32_t e : list->ends)
-                    if (arena_[e] == tok && arena_[e - 1] == prev) newest = std::max(newest, stamps_[e]);
+                for (auto r = list->ends.rbegin(); r != list->ends.rend(); ++r)
+                    if (holds(*r, prev, tok)) {
+                        newest = stamps_[*r];
+                        break;
+                    }
             c->newest = newest;
         }
     }
+
+    // Whether slot e still ends the pair (prev, tok) (not a removed document's entry).
+    bool holds(int32_t e, int32_t prev, int32_t tok) const { return arena_[e] == tok && arena_[e - 1] == prev; }
 
     int64_t reserve(int64_t n) {
         if (size_ + n + pad_ > static_cast<int64_t>(arena_.size())) {
@@ -299,7 +306,7 @@ private:
     void drop_stale(std::vector<int32_t>& list, int32_t prev, int32_t tok) {
         size_t w = 0;
         for (int32_t e : list)
-            if (arena_[e] == tok && arena_[e - 1] == prev) list[w++] = e;
+            if (holds(e, prev, tok)) list[w++] = e;
         list.resize(w);
     }
 
