@@ -22,6 +22,7 @@ native = Pybind11Extension(
         "sglang_hvd/drafter/native/features.hpp",
         "sglang_hvd/drafter/native/pairwise_sum.hpp",
         "sglang_hvd/drafter/native/choose_mode.hpp",
+        "sglang_hvd/drafter/native/row_plans.hpp",
     ],
     cxx_std=17,
     extra_compile_args=["-O3"],

@@ -46,6 +46,7 @@ import numpy as np
 
 from .cost_rule import CostRule, StepMode, choose_mode
 from .drafter.batch import DraftBatch, RowTreeBatch
+from .drafter.native_drafter import _native
 from .request_control import CACHE, EAGLE3, OFF, any_control
 from .request_state import RequestState, StateBatch
 from .tiers import Tier
@@ -168,12 +169,16 @@ def _described_trees(trees: RowTreeSource, which: np.ndarray, lens: np.ndarray, 
     the nodes the decision would verify (``described``; other rows: empty)."""
     cut = described(lens[which], _of_rows(siblings, which), n)
     if isinstance(trees, RowTreeBatch):  # every row's, made beforehand: only the lengths change
-        if len(trees) != b or trees.width != n:
-            raise ValueError(f"row trees of {len(trees)} rows x {trees.width} nodes for a batch of {b} x {n}")
+        _check_trees(trees, b, n)
         lengths = np.zeros(b, np.int32)
         lengths[which] = np.minimum(trees.lengths[which], cut)
         return RowTreeBatch(trees.tokens, trees.parents, trees.probs, lengths)
     return trees(which).scatter(which, b, n, cut)
+
+
+def _check_trees(trees: RowTreeBatch, b: int, n: int) -> None:
+    if len(trees) != b or trees.width != n:
+        raise ValueError(f"row trees of {len(trees)} rows x {trees.width} nodes for a batch of {b} x {n}")
 
 
 def _of_rows(value: int | np.ndarray, rows: np.ndarray):
@@ -191,6 +196,46 @@ def chain_parents(n: int) -> np.ndarray:
 def _at_shape(shape: VerifyShape) -> StepMode:
     """The step mode of a decision without one: every row at ``shape``, with EAGLE3."""
     return StepMode(Tier(shape))
+
+
+def _row_plans_numpy(use: np.ndarray, lens: np.ndarray, reserve: int | np.ndarray, siblings: int | np.ndarray,
+                     at: VerifyShape, eagle3: bool, drafts: DraftBatch, trees: RowTreeSource | None,
+                     described_trees: RowTreeBatch | None, draft_limit: int,
+                     control: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's plan at ``at`` (topk, N-1 nodes): its cache nodes and EAGLE3 nodes
+    ``[B]``, and its cache branch's tokens and parents ``[B, N-1]`` int32, for the rows that
+    ``use`` their cache draft with an EAGLE3 ``reserve`` and may add ``siblings`` tree nodes
+    from ``trees`` (row trees of ``draft_limit`` nodes, or None: chains only;
+    ``described_trees``: those already cut as the decision describes them, or None);
+    ``eagle3``: the step runs EAGLE3's draft; ``control``: the rows' controls, or None.
+    The reference of the native pass (drafter/native/row_plans.hpp), and the path where
+    the row trees come from a call (replay) or nothing is built."""
+    b, n = len(lens), at.draft_nodes
+    cache, eagle = plan_rows(use, lens, at, reserve)
+    if not eagle3:
+        eagle[:] = 0
+    if drafts.width >= n:
+        tokens = np.array(drafts.tokens[:, :n], dtype=np.int32)
+    else:
+        tokens = np.full((b, n), -1, dtype=np.int32)
+        tokens[:, : drafts.width] = drafts.tokens
+    parents = np.repeat(chain_parents(n), b, axis=0)
+    if trees is not None:
+        share = n - np.minimum(reserve, n - 1)  # the cache branch's most nodes, per row or for all
+        room = np.flatnonzero(use & (siblings > 0) & (cache < share))
+        if len(room):
+            if described_trees is None:
+                described_trees = _described_trees(trees, room, lens, siblings, b, draft_limit)
+            # a row tree lists parents before children: its first nodes are a tree too
+            grown = np.minimum(described(lens[room], _of_rows(siblings, room), n),
+                               np.minimum(described_trees.lengths[room], _of_rows(share, room)))
+            grown = grown.astype(np.int32)
+            cache[room] = grown
+            eagle[room] = n - grown if eagle3 else 0
+            tokens[room], parents[room] = described_trees.tokens[room, :n], described_trees.parents[room, :n]
+    if control is not None:
+        eagle[(control == OFF) | (control == CACHE)] = 0
+    return cache, eagle, tokens, parents
 
 
 def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestState], shape: VerifyShape,
@@ -277,30 +322,19 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
         cache_only = control == CACHE
         use = np.where(cache_only, judged, use & (control != OFF) & (control != EAGLE3))
         reserve = np.where(cache_only, 0, reserve)  # a cache row of its own fills the row
-    cache, eagle = plan_rows(use, lens, at, reserve)
-    if not mode.eagle3:
-        eagle[:] = 0
-    n = at.draft_nodes
-    if drafts.width >= n:
-        tokens = np.array(drafts.tokens[:, :n], dtype=np.int32)
+    grow = trees is not None and at.allows_branches and at.draft_nodes <= min(MAX_TREE_NODES, shape.draft_nodes)
+    if _native is not None and (not grow or isinstance(trees, RowTreeBatch)):  # the trees at hand: one native pass
+        if grow:
+            _check_trees(trees, b, shape.draft_nodes)
+        per_reserve, per_siblings = isinstance(reserve, np.ndarray), isinstance(siblings, np.ndarray)
+        cache, eagle, tokens, parents = _native.row_plans(
+            use, lens, 0 if per_reserve else int(reserve), reserve if per_reserve else None, at.draft_nodes,
+            at.allows_branches, mode.eagle3, drafts.tokens, *((trees.tokens, trees.parents, trees.lengths) if grow
+                                                            else (None, None, None)),
+            0 if per_siblings else int(siblings), siblings if per_siblings else None, control if controlled else None)
     else:
-        tokens = np.full((b, n), -1, dtype=np.int32)
-        tokens[:, : drafts.width] = drafts.tokens
-    parents = np.repeat(chain_parents(n), b, axis=0)
-    if trees is not None and at.allows_branches and n <= min(MAX_TREE_NODES, shape.draft_nodes):
-        share = n - np.minimum(reserve, n - 1)  # the cache branch's most nodes, per row or for all
-        room = np.flatnonzero(use & grows & (cache < share))
-        if len(room):
-            if described_trees is None:
-                described_trees = _described_trees(trees, room, lens, siblings, b, shape.draft_nodes)
-            # a row tree lists parents before children: its first nodes are a tree too
-            grown = np.minimum(described(lens[room], _of_rows(siblings, room), n),
-                               np.minimum(described_trees.lengths[room], _of_rows(share, room)))
-            grown = grown.astype(np.int32)
-            cache[room] = grown
-            eagle[room] = n - grown if mode.eagle3 else 0
-            tokens[room], parents[room] = described_trees.tokens[room, :n], described_trees.parents[room, :n]
-    if controlled:
-        eagle[(control == OFF) | (control == CACHE)] = 0
+        cache, eagle, tokens, parents = _row_plans_numpy(use, lens, reserve, siblings, at, mode.eagle3, drafts,
+                                                         trees if grow else None, described_trees, shape.draft_nodes,
+                                                         control if controlled else None)
     return BatchPlan(cache, eagle, tokens, parents, predicted, error, tier=mode.tier, eagle3=bool(eagle.any()),
                      expected_tokens=expected)

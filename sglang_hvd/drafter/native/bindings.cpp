@@ -1,7 +1,7 @@
 // Python bindings of the native drafter (pybind11). Batch calls release the GIL and
 // return numpy arrays: no per-token Python objects on the serving path. The native
 // decision state (request_state.hpp), the gate's features (features.hpp) and the cost
-// rule's pick (choose_mode.hpp) are bound here too: one extension, one build.
+// rule's pick (choose_mode.hpp) and the row plans (row_plans.hpp) are bound here too: one extension, one build.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -11,6 +11,7 @@
 #include "choose_mode.hpp"
 #include "features.hpp"
 #include "request_state.hpp"
+#include "row_plans.hpp"
 #include "suffix_drafter.hpp"
 
 namespace py = pybind11;
@@ -372,6 +373,53 @@ PYBIND11_MODULE(_native, m) {
               }
               py::object per_row = pick.per_row_reserve ? py::object(reserve) : py::object(py::none());
               return py::make_tuple(pick.mode, rows, pick.expected, per_row);
+          });
+
+    // decision._row_plans_numpy: (cache [B], eagle [B], tokens [B, n], parents [B, n]) int32.
+    using Bool = py::array_t<bool, py::array::c_style | py::array::forcecast>;
+    m.def("row_plans",
+          [](Bool use, I32 lens, int64_t reserve, std::optional<I32> reserve_rows, int64_t n, bool branches,
+             bool eagle3, I32 draft_tokens, std::optional<I32> tree_tokens, std::optional<I32> tree_parents,
+             std::optional<I32> tree_lengths, int64_t siblings, std::optional<I32> siblings_rows,
+             std::optional<I8> control) {
+              const py::ssize_t b = lens.shape(0);
+              const bool trees = tree_tokens.has_value();
+              if (lens.ndim() != 1 || use.ndim() != 1 || use.shape(0) != b || draft_tokens.ndim() != 2 ||
+                  draft_tokens.shape(0) != b || n < 0 || (reserve_rows && reserve_rows->shape(0) != b) ||
+                  (siblings_rows && siblings_rows->shape(0) != b) || (control && control->shape(0) != b) ||
+                  trees != tree_parents.has_value() || trees != tree_lengths.has_value() ||
+                  (trees && (tree_tokens->ndim() != 2 || tree_tokens->shape(0) != b || tree_tokens->shape(1) < n ||
+                             tree_parents->ndim() != 2 || tree_parents->shape(0) != b ||
+                             tree_parents->shape(1) != tree_tokens->shape(1) || tree_lengths->shape(0) != b)))
+                  throw std::invalid_argument("row_plans: arrays of mismatched shapes");
+              hvd::RowPlanInputs in;
+              in.b = b;
+              in.n = n;
+              in.branches = branches;
+              in.eagle3 = eagle3;
+              in.use = reinterpret_cast<const uint8_t*>(use.data());
+              in.lens = lens.data();
+              in.reserve = reserve;
+              in.reserve_rows = reserve_rows ? reserve_rows->data() : nullptr;
+              in.draft_tokens = draft_tokens.data();
+              in.width = draft_tokens.shape(1);
+              if (trees) {
+                  in.tree_tokens = tree_tokens->data();
+                  in.tree_parents = tree_parents->data();
+                  in.tree_lengths = tree_lengths->data();
+                  in.tree_width = tree_tokens->shape(1);
+              }
+              in.siblings = siblings;
+              in.siblings_rows = siblings_rows ? siblings_rows->data() : nullptr;
+              in.control = control ? control->data() : nullptr;
+              py::array_t<int32_t> cache(b), eagle(b), tokens({b, static_cast<py::ssize_t>(n)}),
+                  parents({b, static_cast<py::ssize_t>(n)});
+              {
+                  py::gil_scoped_release nogil;
+                  hvd::row_plans(in, cache.mutable_data(), eagle.mutable_data(), tokens.mutable_data(),
+                                 parents.mutable_data());
+              }
+              return py::make_tuple(cache, eagle, tokens, parents);
           });
 
     using hvd::RequestState;
