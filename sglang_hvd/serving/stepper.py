@@ -59,15 +59,14 @@ class _Step:
         # per row: whether its cache branch is a chain (its verified nodes' parents -1, 0, 1, ...), and its first node
         parents = plans.cache_parents
         n = parents.shape[1]
-        self.chain: list[bool] = [True] * len(self.cache_lens)
         if n:
-            # only rows grown from a row tree can leave the chain: those whose links differ
-            # anywhere, checked against their verified nodes alone
+            # only rows grown from a row tree can leave the chain: their first link that differs
+            # (argmax: the first True; 0 where none differs) lies within their verified nodes
             off = parents != chain_parents(n)
-            for i in np.flatnonzero(off.any(axis=1)).tolist():
-                self.chain[i] = int(off[i].argmax()) >= self.cache_lens[i]
+            self.chain: list[bool] = ((off.argmax(axis=1) >= plans.cache_lens) | ~off.any(axis=1)).tolist()
             self.first: list[int] = plans.cache_tokens[:, 0].tolist()
         else:  # the off tier: no cache nodes
+            self.chain = [True] * len(self.cache_lens)
             self.first = [-1] * len(self.cache_lens)
 
 
