@@ -47,6 +47,7 @@ import numpy as np
 from .cost_rule import CostRule, StepMode, choose_mode
 from .drafter.batch import DraftBatch, RowTreeBatch
 from .drafter.native_drafter import _native
+from .features import FeatureExtractor
 from .request_control import CACHE, EAGLE3, OFF, any_control
 from .request_state import RequestState, StateBatch
 from .tiers import Tier
@@ -116,14 +117,14 @@ def described(chain_len, siblings, draft_nodes: int):
     return np.minimum(chain_len + siblings, draft_nodes)  # ints or arrays of rows
 
 
-def predictions(scorer: Scorer, drafts: DraftBatch, states: StateBatch,
-                trees: RowTreeBatch | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """The scorer's value per row ``[B]`` float64 (raises on a bad scorer): a learned gate's
-    predicted accept_len (float32 from onnxruntime, exact in float64), the score rule's
-    draft scores; and, where the scorer learned one (a gate's payoff curve), each row's
-    survival ``[B, W]`` (payoff.py; else None), from the same run."""
-    b = len(drafts)
-    value, survival = scorer.predict_curve(scorer.extractor.features(drafts, states, trees))
+def predictions(scorer: Scorer, features: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The scorer's value per row ``[B]`` float64 of a batch's ``features`` (its extractor's;
+    raises on a bad scorer): a learned gate's predicted accept_len (float32 from
+    onnxruntime, exact in float64), the score rule's draft scores; and, where the scorer
+    learned one (a gate's payoff curve), each row's survival ``[B, W]`` (payoff.py; else
+    None), from the same run."""
+    b = len(features)
+    value, survival = scorer.predict_curve(features)
     pred = np.asarray(value, dtype=np.float64)
     if pred.shape != (b,) or not np.isfinite(pred).all():  # (the methods: np.all costs more per call)
         raise ValueError(f"scorer returned shape {pred.shape} / non-finite values for a batch of {b}")
@@ -131,6 +132,24 @@ def predictions(scorer: Scorer, drafts: DraftBatch, states: StateBatch,
         raise ValueError(f"scorer returned a survival curve of shape {survival.shape} / non-finite values for a "
                          f"batch of {b}")
     return pred, survival
+
+
+def step_features(scorer: Scorer, drafts: DraftBatch, states: Sequence[RequestState], trees: RowTreeBatch | None,
+                  siblings: int | np.ndarray, judged: np.ndarray, draft_limit: int) -> np.ndarray:
+    """The scorer's features of a batch; ``trees``: every row's row tree of ``draft_limit``
+    nodes (or those already described: describing again changes nothing), or None where the
+    scorer reads none; each drafted row whose rule adds siblings is described by its tree
+    cut at ``described`` nodes. In one native call (FeatureExtractor.step_features) where the
+    extension is built, the states are native and one rule serves the batch (the serving
+    stepper); else the composition it equals (``_described_trees``, StateBatch.of, the
+    extractor's ``features``)."""
+    if (not isinstance(siblings, np.ndarray) and isinstance(scorer.extractor, FeatureExtractor)
+            and scorer.extractor.steps_natively(states)):
+        return scorer.extractor.step_features(drafts, states, trees, siblings, draft_limit)
+    described_trees = None
+    if trees is not None and (want := np.flatnonzero(judged & (siblings > 0))).size:
+        described_trees = _described_trees(trees, want, drafts.lengths, siblings, len(drafts), draft_limit)
+    return scorer.extractor.features(drafts, StateBatch.of(states), described_trees)
 
 
 def plan_rows(use: np.ndarray, draft_lens: np.ndarray, shape: VerifyShape,
@@ -288,10 +307,16 @@ def decide(scorer: Scorer | None, drafts: DraftBatch, states: Sequence[RequestSt
     survival = None  # [B, W] the gate's payoff curve, where it learned one
     lens_list = lens.tolist()
     if scorer is not None and any(lens_list):
-        if trees is not None and reads_row_trees(scorer, shape) and (want := np.flatnonzero(judged & grows)).size:
-            described_trees = _described_trees(trees, want, lens, siblings, b, shape.draft_nodes)
+        read = trees if trees is not None and reads_row_trees(scorer, shape) else None  # the trees scored
+        if read is not None and not isinstance(read, RowTreeBatch):  # called for, once: the rows described
+            want = np.flatnonzero(judged & grows)
+            read = described_trees = _described_trees(trees, want, lens, siblings, b, shape.draft_nodes) \
+                if want.size else None
+        elif read is not None:
+            _check_trees(read, b, shape.draft_nodes)
         try:
-            pred, survival = predictions(scorer, drafts, StateBatch.of(states), described_trees)
+            pred, survival = predictions(scorer, step_features(scorer, drafts, states, read, siblings, judged,
+                                                               shape.draft_nodes))
         except Exception as e:  # onnxruntime raises its own types; a failed gate must not stop a server
             if not fallback:
                 raise

@@ -42,7 +42,7 @@ from .drafter.batch import TREE_CODES, DraftBatch, RowTreeBatch
 from .drafter.native_drafter import _native
 from .drafter.protocol import LOCAL_TREE, Draft, DrafterConfig
 from .drafter.row_tree import RowTree
-from .request_state import HISTORY_K, NUM_HISTORY, StateBatch, StateSnapshot
+from .request_state import HISTORY_K, NUM_HISTORY, NativeRequestState, StateBatch, StateSnapshot
 from .token_flags import FLAG_NAMES, unpack
 
 FEATURE_SCHEMA_VERSION = 2  # 2: the tree group
@@ -112,6 +112,30 @@ class FeatureExtractor:
             _native.tree_features(out, out.shape[1] - _NUM_TREE, trees.parents, trees.probs, lens, trees.lengths)
         else:
             out[:, -_NUM_TREE:] = tree_features(trees, lens, trees.lengths)
+        return out
+
+    @staticmethod
+    def steps_natively(states: Sequence) -> bool:
+        """Whether ``step_features`` can take these states: the extension is built and they
+        are its native request states (request_state.new_request_state's)."""
+        return _native is not None and bool(states) and type(states[0]) is NativeRequestState
+
+    def step_features(self, drafts: DraftBatch, states: Sequence, trees: RowTreeBatch | None, siblings: int,
+                      nodes: int) -> np.ndarray:
+        """A decode step's features in one native call (drafter/native/bindings.cpp
+        ``step_features``): ``features(drafts, StateBatch.of(states), cut)``, where ``cut``
+        is ``trees`` with each drafted row's tree cut at min(its nodes, len(chain) +
+        ``siblings``, ``nodes``) (decision.described) and no tree for the other rows (or,
+        with ``siblings`` 0, for any); ``trees`` None: no tree group. ``states``: native
+        request states (``steps_natively``). The composition is the reference it equals
+        (tests/test_features.py)."""
+        out = np.zeros((len(drafts), len(FEATURE_NAMES)), dtype=np.float32)
+        if len(drafts):
+            grown = (trees.parents, trees.probs, trees.lengths) if trees is not None else (None, None, None)
+            _native.step_features(out, drafts.tokens, drafts.probs, drafts.child_counts, drafts.lengths,
+                                  drafts.match_len, drafts.match_count, drafts.score, drafts.tree,
+                                  TREE_CODES[LOCAL_TREE], states, *grown, int(siblings), nodes, self.flag_table,
+                                  self.budgets)
         return out
 
     def _numpy_columns(self, drafts: DraftBatch, states: StateBatch, out: np.ndarray) -> None:

@@ -278,3 +278,61 @@ def test_native_features_refuse_mismatched_arrays():
         _native.gate_features(np.zeros((3, 60), np.float32), *args)
     with pytest.raises(ValueError, match="too few columns"):
         _native.gate_features(np.zeros((2, 20), np.float32), *args)
+
+
+def _random_step(rng, b: int, width: int, tree_width: int):
+    """A decode step's inputs: native request states with histories, drafts, row trees."""
+    from sglang_hvd.drafter.batch import DraftBatch
+    from sglang_hvd.request_state import new_request_state
+
+    states = []
+    for _ in range(b):
+        s = new_request_state(rng.integers(0, len(VOCAB) + 3, size=int(rng.integers(0, 12))).astype(np.int32))
+        for _ in range(int(rng.integers(0, 6))):
+            s.record(rng.integers(0, len(VOCAB), size=int(rng.integers(1, 5))).tolist())
+            s.observe(rng.integers(0, len(VOCAB), size=int(rng.integers(1, 4))).tolist())
+        states.append(s)
+    lens = rng.integers(0, width + 1, size=b).astype(np.int32)
+    live = np.arange(width)[None, :] < lens[:, None]
+    tokens = np.where(live, rng.integers(0, len(VOCAB) + 3, size=(b, width)), -1).astype(np.int32)
+    probs = np.where(live, rng.random((b, width)), 0.0)
+    drafts = DraftBatch(tokens, probs, np.where(live, 3, 0).astype(np.int64), lens,
+                        rng.integers(0, 14, size=b).astype(np.int32), rng.integers(0, 99, size=b).astype(np.int64),
+                        probs.sum(1), rng.integers(0, 3, size=b).astype(np.int32))
+    parents = np.full((b, tree_width), -1, dtype=np.int32)
+    for j in range(1, tree_width):
+        parents[:, j] = rng.integers(-1, j, size=b)
+    trees = RowTreeBatch(rng.integers(0, len(VOCAB), size=(b, tree_width)).astype(np.int32), parents,
+                         rng.random((b, tree_width)), rng.integers(0, tree_width + 1, size=b).astype(np.int32))
+    return states, drafts, trees
+
+
+@pytest.mark.parametrize("siblings", [0, 1, 3])
+def test_a_steps_features_in_one_call_equal_their_composition(siblings):
+    """FeatureExtractor.step_features (one native call over native states, the trees cut
+    as the decision describes them) against features(drafts, StateBatch.of(states), the
+    trees cut by decision._described_trees), bit for bit: with trees, without, at a tier of
+    fewer nodes than the trees'."""
+    from sglang_hvd.decision import _described_trees
+    from sglang_hvd.request_state import StateBatch
+
+    ex = FeatureExtractor(FLAGS, DrafterConfig(max_depth=10))
+    rng = np.random.default_rng(siblings)
+    for k in range(20):
+        b = int(rng.integers(1, 40))
+        states, drafts, trees = _random_step(rng, b, 15, 15)
+        if not ex.steps_natively(states):
+            pytest.skip("the native extension is not built")
+        nodes = 15 if k % 2 else 7
+        want_rows = np.flatnonzero((drafts.lengths > 0) & (siblings > 0))
+        cut = _described_trees(trees, want_rows, drafts.lengths, siblings, b, 15) if want_rows.size else None
+        cut_lengths = None if cut is None else np.minimum(cut.lengths, np.minimum(drafts.lengths + siblings, nodes))
+        if cut is not None:
+            cut = RowTreeBatch(cut.tokens, cut.parents, cut.probs, cut_lengths.astype(np.int32))
+        want = ex.features(drafts, StateBatch.of(states), cut)
+        got = ex.step_features(drafts, states, trees, siblings, nodes)
+        assert np.array_equal(got, want), k
+        assert np.array_equal(ex.step_features(drafts, states, None, siblings, nodes),
+                              ex.features(drafts, StateBatch.of(states)))
+    with pytest.raises(ValueError, match="mismatched shapes"):  # a state missing
+        ex.step_features(drafts, states[:-1], trees, siblings, 15)

@@ -6,7 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "choose_mode.hpp"
 #include "features.hpp"
@@ -21,6 +24,9 @@ using hvd::SuffixDrafter;
 
 using I32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using F64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
+using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using U8 = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
 
 static py::tuple draft_tuple(const Draft& d) {
     // Plain Python tuples: one request's draft is short, and replay builds a Draft from them.
@@ -117,6 +123,62 @@ private:
     py::detail::unchecked_mutable_reference<double, 2> Q_;
     py::detail::unchecked_mutable_reference<int32_t, 1> L_;
 };
+
+// The draft side of the gate's features (features.hpp): the drafts' arrays, the flags and the
+// budgets checked against one another and out; the states' columns are the caller's to set.
+static hvd::FeatureInputs draft_features(py::array& out, I32& tokens, F64& probs, I64& child_counts, I32& lengths,
+                                         I32& match_len, I64& match_count, F64& score, I32& tree, int32_t local_code,
+                                         U8& flags, F32& budgets, int64_t num_history, const char* who) {
+    if (!out.dtype().is(py::dtype::of<float>()) || !(out.flags() & py::array::c_style) || !out.writeable())
+        throw std::invalid_argument(std::string(who) + ": out must be a writeable C-contiguous float32 array");
+    const py::ssize_t b = lengths.shape(0);
+    auto same_rows = [b](const py::array& a) { return a.ndim() >= 1 && a.shape(0) == b; };
+    if (out.ndim() != 2 || !same_rows(out) || tokens.ndim() != 2 || !same_rows(tokens) || !same_rows(probs) ||
+        !same_rows(child_counts) || probs.ndim() != 2 || child_counts.ndim() != 2 ||
+        probs.shape(1) != tokens.shape(1) || child_counts.shape(1) != tokens.shape(1) || !same_rows(match_len) ||
+        !same_rows(match_count) || !same_rows(score) || !same_rows(tree) || flags.ndim() != 2 ||
+        flags.shape(0) < 1 || flags.shape(1) > 64 || budgets.shape(0) < 1)
+        throw std::invalid_argument(std::string(who) + ": arrays of mismatched shapes");
+    if (out.shape(1) < 14 + num_history + 3 * flags.shape(1))
+        throw std::invalid_argument(std::string(who) + ": out has too few columns");
+    hvd::FeatureInputs in;
+    in.b = b;
+    in.width = tokens.shape(1);
+    in.tokens = tokens.data();
+    in.probs = probs.data();
+    in.child_counts = child_counts.data();
+    in.lengths = lengths.data();
+    in.match_len = match_len.data();
+    in.match_count = match_count.data();
+    in.score = score.data();
+    in.tree = tree.data();
+    in.local_code = local_code;
+    in.num_history = num_history;
+    in.flags = flags.data();
+    in.vocab = flags.shape(0) - 1;
+    in.num_flags = flags.shape(1);
+    in.budgets = budgets.data();
+    in.num_budgets = budgets.shape(0);
+    return in;
+}
+
+// Native request states (request_state.hpp) as StateBatch's columns: pos, prompt length,
+// history [b, kNumHistory], tails [b, kTailTokens] (-1 padded) and tail lengths (with the GIL:
+// each state is cast from its Python object).
+static void state_columns(const py::sequence& states, double* pos, double* prompt, float* history, int64_t* tails,
+                          int64_t* tail_lens) {
+    constexpr py::ssize_t kT = hvd::kTailTokens, kH = hvd::kNumHistory;
+    double row[hvd::kColumns];
+    const py::ssize_t b = static_cast<py::ssize_t>(py::len(states));
+    for (py::ssize_t i = 0; i < b; ++i) {
+        states[i].cast<const hvd::RequestState&>().row(row);  // (its packed row: pos, prompt, tail length, ...)
+        pos[i] = row[0];
+        prompt[i] = row[1];
+        tail_lens[i] = static_cast<int64_t>(row[2]);
+        for (py::ssize_t k = 0; k < kT; ++k) tails[i * kT + k] = static_cast<int64_t>(row[3 + k]);
+        for (py::ssize_t k = 0; k < kH; ++k) history[i * kH + k] = static_cast<float>(row[3 + kT + k]);
+    }
+}
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "Native SuffixDecoding drafter core (see sglang_hvd/drafter/native/)";
@@ -250,56 +312,78 @@ PYBIND11_MODULE(_native, m) {
         .def("reused_prompt_tokens", &SuffixDrafter::reused_prompt_tokens)
         .def("pending_frees", &SuffixDrafter::pending_frees);
 
-    using F64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
-    using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
-    using U8 = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
     // features.py's FeatureExtractor.features: the non-tree columns of out, in place.
     m.def("gate_features",
           [](py::array out, I32 tokens, F64 probs, I64 child_counts, I32 lengths,
              I32 match_len, I64 match_count, F64 score, I32 tree, int32_t local_code, F64 pos, F64 prompt_len,
              F32 history, I64 tails, I64 tail_lens, U8 flags, F32 budgets) {
-              if (!out.dtype().is(py::dtype::of<float>()) || !(out.flags() & py::array::c_style) || !out.writeable())
-                  throw std::invalid_argument("gate_features: out must be a writeable C-contiguous float32 array");
               const py::ssize_t b = lengths.shape(0);
               auto same_rows = [b](const py::array& a) { return a.ndim() >= 1 && a.shape(0) == b; };
-              if (out.ndim() != 2 || !same_rows(out) || tokens.ndim() != 2 || !same_rows(tokens) ||
-                  !same_rows(probs) || !same_rows(child_counts) || probs.ndim() != 2 || child_counts.ndim() != 2 ||
-                  probs.shape(1) != tokens.shape(1) || child_counts.shape(1) != tokens.shape(1) ||
-                  !same_rows(match_len) || !same_rows(match_count) || !same_rows(score) || !same_rows(tree) ||
-                  !same_rows(pos) || !same_rows(prompt_len) || history.ndim() != 2 || !same_rows(history) ||
-                  tails.ndim() != 2 || !same_rows(tails) || !same_rows(tail_lens) || flags.ndim() != 2 ||
-                  flags.shape(0) < 1 || flags.shape(1) > 64 || budgets.shape(0) < 1)
+              if (!same_rows(pos) || !same_rows(prompt_len) || history.ndim() != 2 || !same_rows(history) ||
+                  tails.ndim() != 2 || !same_rows(tails) || !same_rows(tail_lens))
                   throw std::invalid_argument("gate_features: arrays of mismatched shapes");
-              const int64_t used = 14 + history.shape(1) + 3 * flags.shape(1);
-              if (out.shape(1) < used) throw std::invalid_argument("gate_features: out has too few columns");
-              hvd::FeatureInputs in;
-              in.b = b;
-              in.width = tokens.shape(1);
-              in.tokens = tokens.data();
-              in.probs = probs.data();
-              in.child_counts = child_counts.data();
-              in.lengths = lengths.data();
-              in.match_len = match_len.data();
-              in.match_count = match_count.data();
-              in.score = score.data();
-              in.tree = tree.data();
-              in.local_code = local_code;
+              hvd::FeatureInputs in = draft_features(out, tokens, probs, child_counts, lengths, match_len, match_count,
+                                                     score, tree, local_code, flags, budgets, history.shape(1),
+                                                     "gate_features");
               in.pos = pos.data();
               in.prompt_len = prompt_len.data();
               in.history = history.data();
-              in.num_history = history.shape(1);
               in.tails = tails.data();
               in.tail_lens = tail_lens.data();
               in.tail_tokens = tails.shape(1);
-              in.flags = flags.data();
-              in.vocab = flags.shape(0) - 1;
-              in.num_flags = flags.shape(1);
-              in.budgets = budgets.data();
-              in.num_budgets = budgets.shape(0);
               float* o = static_cast<float*>(out.mutable_data());
               const int64_t cols = out.shape(1);
               py::gil_scoped_release nogil;
               hvd::gate_features(in, o, cols);
+          });
+
+    // A decode step's features in one call (FeatureExtractor.step_features): gate_features over
+    // the rows' native states, then, given row trees, the tree group of each drafted row's tree
+    // cut at min(its length, chain + siblings, nodes) nodes (decision.described; other rows: none).
+    m.def("step_features",
+          [](py::array out, I32 tokens, F64 probs, I64 child_counts, I32 lengths, I32 match_len, I64 match_count,
+             F64 score, I32 tree, int32_t local_code, const py::sequence& states, std::optional<I32> tree_parents,
+             std::optional<F64> tree_probs, std::optional<I32> tree_lengths, int64_t siblings, int64_t nodes,
+             U8 flags, F32 budgets) {
+              const py::ssize_t b = lengths.shape(0);
+              const bool trees = tree_parents.has_value();
+              if (static_cast<py::ssize_t>(py::len(states)) != b || trees != tree_probs.has_value() ||
+                  trees != tree_lengths.has_value() ||
+                  (trees && (tree_parents->ndim() != 2 || tree_parents->shape(0) != b || tree_probs->ndim() != 2 ||
+                             tree_probs->shape(0) != b || tree_probs->shape(1) != tree_parents->shape(1) ||
+                             tree_lengths->ndim() != 1 || tree_lengths->shape(0) != b)))
+                  throw std::invalid_argument("step_features: arrays of mismatched shapes");
+              constexpr int64_t kT = hvd::kTailTokens, kH = hvd::kNumHistory;
+              hvd::FeatureInputs in = draft_features(out, tokens, probs, child_counts, lengths, match_len, match_count,
+                                                     score, tree, local_code, flags, budgets, kH, "step_features");
+              const int64_t cols = out.shape(1);
+              if (trees && cols < 14 + kH + 3 * in.num_flags + 5)
+                  throw std::invalid_argument("step_features: out has no room for the tree group");
+              std::vector<double> pos(static_cast<size_t>(b)), prompt(static_cast<size_t>(b));
+              std::vector<float> history(static_cast<size_t>(b * kH));
+              std::vector<int64_t> tails(static_cast<size_t>(b * kT)), tail_lens(static_cast<size_t>(b));
+              state_columns(states, pos.data(), prompt.data(), history.data(), tails.data(), tail_lens.data());
+              in.pos = pos.data();
+              in.prompt_len = prompt.data();
+              in.history = history.data();
+              in.tails = tails.data();
+              in.tail_lens = tail_lens.data();
+              in.tail_tokens = kT;
+              const int64_t w = trees ? tree_parents->shape(1) : 0;
+              const int32_t* par = trees ? tree_parents->data() : nullptr;
+              for (int64_t k = 0; k < b * w; ++k)
+                  if (par[k] < -1 || par[k] >= w) throw std::invalid_argument("step_features: a parent out of range");
+              float* o = static_cast<float*>(out.mutable_data());
+              py::gil_scoped_release nogil;
+              hvd::gate_features(in, o, cols);
+              if (!trees) return;
+              std::vector<int32_t> cut(static_cast<size_t>(b));
+              const int32_t* lens = in.lengths;
+              const int32_t* have = tree_lengths->data();
+              for (py::ssize_t i = 0; i < b; ++i)
+                  cut[static_cast<size_t>(i)] = lens[i] > 0 && siblings > 0
+                      ? static_cast<int32_t>(std::min<int64_t>({have[i], lens[i] + siblings, nodes})) : 0;
+              hvd::tree_features(b, w, par, tree_probs->data(), lens, cut.data(), o, cols, cols - 5);
           });
 
     // features.tree_features: the tree group into out[:, col : col + 5], in place.
@@ -459,24 +543,11 @@ PYBIND11_MODULE(_native, m) {
         // float32, tails [B, T] int64 (-1 padded), tail_lens [B] int64 (request_state.StateBatch).
         .def_static("pack_rows", [](const py::sequence& states) {
             const py::ssize_t b = static_cast<py::ssize_t>(py::len(states));
-            constexpr py::ssize_t kT = hvd::kTailTokens, kH = hvd::kNumHistory;
             py::array_t<double> pos(b), prompt(b);
-            py::array_t<float> history({b, kH});
-            py::array_t<int64_t> tails({b, kT}), tail_lens(b);
-            double* p = pos.mutable_data();
-            double* q = prompt.mutable_data();
-            float* h = history.mutable_data();
-            int64_t* t = tails.mutable_data();
-            int64_t* n = tail_lens.mutable_data();
-            double row[hvd::kColumns];
-            for (py::ssize_t i = 0; i < b; ++i) {
-                states[i].cast<const RequestState&>().row(row);  // (its packed row: pos, prompt, tail length, ...)
-                p[i] = row[0];
-                q[i] = row[1];
-                n[i] = static_cast<int64_t>(row[2]);
-                for (py::ssize_t k = 0; k < kT; ++k) t[i * kT + k] = static_cast<int64_t>(row[3 + k]);
-                for (py::ssize_t k = 0; k < kH; ++k) h[i * kH + k] = static_cast<float>(row[3 + kT + k]);
-            }
+            py::array_t<float> history({b, static_cast<py::ssize_t>(hvd::kNumHistory)});
+            py::array_t<int64_t> tails({b, static_cast<py::ssize_t>(hvd::kTailTokens)}), tail_lens(b);
+            state_columns(states, pos.mutable_data(), prompt.mutable_data(), history.mutable_data(),
+                          tails.mutable_data(), tail_lens.mutable_data());
             return py::make_tuple(pos, prompt, history, tails, tail_lens);
         })
         // Each state's emitted tokens (tokens[i] into states[i]), one call for a step's rows.

@@ -1,8 +1,11 @@
-"""The row plans' native pass (drafter/native/row_plans.hpp) against their numpy reference
-(decision._row_plans_numpy), and decide taking either path to the same plans.
+"""The served decision's native paths against their references, and decide taking either
+path to the same plans: the row plans' native pass (drafter/native/row_plans.hpp, against
+decision._row_plans_numpy) and a step's features in one call (FeatureExtractor.step_features,
+against its composition).
 
-decide runs the native pass where the row trees are at hand (the serving stepper's); the
-numpy reference serves where they come from a call (replay) and where nothing is built."""
+decide takes the native paths where the row trees are at hand and the states are native
+(the serving stepper's); the references serve where the trees come from a call (replay),
+one rule per row, or nothing is built."""
 
 from __future__ import annotations
 
@@ -146,3 +149,54 @@ def test_decide_plans_the_same_rows_with_either_path(seed, monkeypatch):
     for field in ("cache_lens", "eagle_nodes", "cache_tokens", "cache_parents"):
         np.testing.assert_array_equal(getattr(native, field), getattr(reference, field), err_msg=field)
     assert native.eagle3 == reference.eagle3
+
+
+class _FeatureScorer:
+    """A scorer over the gate's own features (a FeatureExtractor): a fixed mix of them, so
+    that any feature that differs moves its row's value."""
+
+    reads_trees = True
+
+    def __init__(self, seen):
+        from sglang_hvd.drafter import DrafterConfig
+        from sglang_hvd.features import FeatureExtractor
+
+        self.extractor = FeatureExtractor(np.arange(60, dtype=np.uint16), DrafterConfig(max_depth=10))
+        self.seen = seen
+
+    def predict_curve(self, features):
+        self.seen.append(features.copy())
+        weights = np.linspace(0.05, 0.4, features.shape[1])
+        return np.asarray(features, np.float64) @ weights, None
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(8))
+def test_decide_scores_the_same_features_with_either_path(seed, monkeypatch):
+    """decide over native states and row trees made beforehand: the one-call features
+    (FeatureExtractor.step_features) and their composition give the scorer the same
+    features and the rows the same plans."""
+    from sglang_hvd.features import FeatureExtractor
+    from sglang_hvd.request_state import new_request_state
+
+    rng = np.random.default_rng(200 + seed)
+    b = int(rng.integers(2, 40))
+    shape = SHAPES[seed % 3]
+    drafts = random_drafts(rng, b, shape.draft_nodes)
+    drafts.lengths[0], drafts.tokens[0, 0] = 1, 7  # a row drafted: the scorer is asked
+    trees = random_trees(rng, b, shape.draft_nodes)
+    rule = DecisionRule(threshold=2.0, eagle_reserve=int(rng.integers(0, 4)), cache_siblings=int(rng.integers(0, 4)))
+    prompts = [rng.integers(0, 50, int(rng.integers(1, 20))).astype(np.int32) for _ in range(b)]
+
+    def plans(seen):
+        states = [new_request_state(p) for p in prompts]
+        return decide(_FeatureScorer(seen), drafts, states, shape, rule, trees=trees)
+
+    one_call, composed = [], []
+    native = plans(one_call)
+    monkeypatch.setattr(FeatureExtractor, "steps_natively", staticmethod(lambda states: False))
+    reference = plans(composed)
+    assert len(one_call) == len(composed) == 1
+    np.testing.assert_array_equal(one_call[0], composed[0])
+    for field in ("cache_lens", "eagle_nodes", "cache_tokens", "cache_parents", "predicted"):
+        np.testing.assert_array_equal(getattr(native, field), getattr(reference, field), err_msg=field)
