@@ -153,10 +153,11 @@ def row_of(drafter, req_id: str, max_nodes: int) -> RowTree:
     nodes grown from the chain's own occurrence set (its siblings, one search instead of
     one per set); none without a chain (a row tree extends a chain). A certain chain (path
     probability 1 at every token: its pattern was always continued so) is its own row, no
-    tree grown. The reference for every drafter's ``speculate_rows``."""
+    tree grown; so is a chain of ``max_nodes`` tokens or more (the row holds no tree node
+    then). The reference for every drafter's ``speculate_rows``."""
     chain = drafter.speculate(req_id)
     if not chain.tokens:
         return EMPTY_ROW
-    if chain.probs[-1] >= 1.0:
+    if chain.probs[-1] >= 1.0 or len(chain.tokens) >= max_nodes:
         return row_tree(chain, DraftTree(), max_nodes)
     return row_tree(chain, drafter.speculate_tree(req_id, max_nodes, like=chain), max_nodes)

@@ -139,12 +139,15 @@ public:
 
     // The row tree (row_tree.hpp) from the chain and the tree draft of the chain's own
     // occurrence set (max_nodes nodes); none without a chain (a row tree extends a chain). A
-    // certain chain (path probability 1 at every token) is its own row: no tree is grown.
+    // certain chain (path probability 1 at every token), or one of max_nodes tokens or more, is
+    // its own row: no tree is grown.
     RowTree speculate_row(int64_t req, int max_nodes, int w = 0) {
         const Chain& kept = kept_chain(req, w);
         const Draft& chain = kept.draft;
         if (chain.tokens.empty()) return RowTree{};
-        if (chain.probs.back() >= 1.0) return row_tree(chain, TreeDraft{}, max_nodes);
+        // a certain chain, or one that fills the row: the row holds none of the tree's nodes
+        if (chain.probs.back() >= 1.0 || static_cast<int>(chain.tokens.size()) >= max_nodes)
+            return row_tree(chain, TreeDraft{}, max_nodes);
         // the tree of the chain's own set (speculate_tree(req, max_nodes, chain.tree, chain.match_len)),
         // grown from the set the chain's search found
         Index& ix = chain.tree == LOCAL ? running(req) : global_;
