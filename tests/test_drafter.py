@@ -465,6 +465,14 @@ def test_native_row_trees_equal_python_s_in_a_batch_served_as_the_server_does(sh
                         step_rows.probs.tolist(), step_rows.lengths.tolist()) == got[-1]
                 assert step_chains.score.tolist() == chains.score.tolist()
                 assert step_chains.match_len.tolist() == chains.match_len.tolist()
+                # with 4 cache siblings: each row the first min(len(chain) + 4, 15) nodes of its row tree
+                _, cut_rows = d.speculate_step(rids, 15, siblings=4)
+                cuts = np.minimum(chains.lengths + 4, 15)
+                assert cut_rows.lengths.tolist() == np.minimum(rows.lengths, cuts).tolist()
+                for i, m in enumerate(cut_rows.lengths.tolist()):
+                    assert cut_rows.tokens[i, :m].tolist() == rows.tokens[i, :m].tolist()
+                    assert cut_rows.parents[i, :m].tolist() == rows.parents[i, :m].tolist()
+                    assert cut_rows.probs[i, :m].tolist() == rows.probs[i, :m].tolist()
             assert got[0] == got[1]
             rows_seen += len(rids)
             branching += sum(ps[:n] != list(range(-1, n - 1)) for ps, n in zip(got[0][2], got[0][4]))

@@ -87,6 +87,15 @@ def test_speculate_rows_pack_each_rows_tree_and_leave_rows_without_a_chain_empty
     assert step_rows.probs[0].tolist() == [0.5] * 4 + [0.25] * 6
     assert step_rows.tokens[1].tolist() == [-1] * 10
     assert drafter.speculate_rows(["a"], 3).tokens.tolist() == [[3, 8, 1]]  # the chain fills a short row
+    # with S siblings, each row cut at the nodes a decision describes: min(len(chain) + S, 10)
+    _, one = drafter.speculate_step(["a", "b"], 10, siblings=1)
+    assert one.lengths.tolist() == [9, 0]
+    assert one.tokens[0].tolist() == [3, 8, 1, 2, 4, 7, 9, 1, 4, -1]
+    assert one.parents[0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6, -1, -1]
+    _, none = drafter.speculate_step(["a", "b"], 10, siblings=0)
+    assert none.lengths.tolist() == [8, 0] and none.parents[0, :8].tolist() == list(range(-1, 7))
+    with pytest.raises(ValueError, match="siblings must be >= 0"):
+        drafter.speculate_step(["a"], 10, siblings=-1)
 
 
 @pytest.mark.parametrize("impl", ["native", "python"])

@@ -157,10 +157,14 @@ class NativeDrafter:
         """The row trees of a batch (row_tree.py; GIL released), padded to ``max_nodes``."""
         return _row_trees(self._batch_call(self._core.speculate_rows, req_ids, max_nodes))
 
-    def speculate_step(self, req_ids: Sequence[str], max_nodes: int) -> tuple[DraftBatch, RowTreeBatch]:
+    def speculate_step(self, req_ids: Sequence[str], max_nodes: int,
+                       siblings: int | None = None) -> tuple[DraftBatch, RowTreeBatch]:
         """``speculate_arrays`` and ``speculate_rows`` in one call (GIL released): each row's
-        tree grown right after its chain, while the chain's occurrence set is in the cache."""
-        a = self._batch_call(self._core.speculate_step, req_ids, max_nodes)
+        tree grown right after its chain, while the chain's occurrence set is in the cache;
+        ``siblings`` (the protocol's): each row's tree cut at min(len(chain) + siblings, max_nodes)."""
+        if siblings is not None and siblings < 0:
+            raise ValueError(f"siblings must be >= 0, got {siblings}")
+        a = self._batch_call(self._core.speculate_step, req_ids, max_nodes, -1 if siblings is None else siblings)
         rows = _row_trees(a)
         for k in _ROW_KEYS:
             del a[k]

@@ -196,8 +196,10 @@ class Drafter(Protocol):
                                     only from the occurrence set that chain came from
     speculate_rows(req_ids, B)      the batch's row trees of at most B nodes (batch.RowTreeBatch;
                                     row_tree.py: the chain, then the tree draft's siblings)
-    speculate_step(req_ids, B)      speculate_arrays and speculate_rows of the same batch, in one
-                                    call (a row without a draft: an empty row tree)
+    speculate_step(req_ids, B[, S]) speculate_arrays and speculate_rows of the same batch, in one
+                                    call (a row without a draft: an empty row tree); with S, each
+                                    row's tree cut at min(len(chain) + S, B) nodes (the nodes a
+                                    decision with S cache siblings describes: decision.described)
     append_batch(req_ids, tokens)   append for a whole batch in one call
     finish_request(req_id)          drop the request's own tree; its response stays cached
     reset()                         forget everything (SGLang's flush_cache)
@@ -220,7 +222,8 @@ class Drafter(Protocol):
 
     def speculate_rows(self, req_ids: Sequence[str], max_nodes: int) -> RowTreeBatch: ...
 
-    def speculate_step(self, req_ids: Sequence[str], max_nodes: int) -> tuple[DraftBatch, RowTreeBatch]: ...
+    def speculate_step(self, req_ids: Sequence[str], max_nodes: int,
+                       siblings: int | None = None) -> tuple[DraftBatch, RowTreeBatch]: ...
 
     def append_batch(self, req_ids: Sequence[str], token_ids: Sequence) -> None: ...
 

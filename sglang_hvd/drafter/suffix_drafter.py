@@ -19,7 +19,7 @@ import numpy as np
 from .batch import DraftBatch, RowTreeBatch
 from .protocol import GLOBAL_TREE, LOCAL_TREE, Draft, DrafterConfig, DraftTree, as_token_array
 from .registry import register_drafter
-from .row_tree import row_of
+from .row_tree import EMPTY_ROW, row_of
 from .suffix_match import best_draft, best_tree
 from .token_index import TokenIndex
 
@@ -99,9 +99,18 @@ class SuffixDrafter:
     def speculate_batch(self, req_ids: Sequence[str]) -> list[Draft]:
         return [self.speculate(r) for r in req_ids]
 
-    def speculate_step(self, req_ids: Sequence[str], max_nodes: int) -> tuple[DraftBatch, RowTreeBatch]:
-        """``speculate_arrays`` and ``speculate_rows`` of the batch (the native drafter's one call)."""
-        return self.speculate_arrays(req_ids), self.speculate_rows(req_ids, max_nodes)
+    def speculate_step(self, req_ids: Sequence[str], max_nodes: int,
+                       siblings: int | None = None) -> tuple[DraftBatch, RowTreeBatch]:
+        """``speculate_arrays`` and ``speculate_rows`` of the batch (the native drafter's one
+        call); ``siblings``: each row's tree cut at min(len(chain) + siblings, max_nodes)."""
+        if siblings is not None and siblings < 0:
+            raise ValueError(f"siblings must be >= 0, got {siblings}")
+        chains = self.speculate_arrays(req_ids)
+        if siblings is None:
+            return chains, self.speculate_rows(req_ids, max_nodes)
+        cuts = np.minimum(chains.lengths + siblings, max_nodes).tolist()
+        return chains, RowTreeBatch.of([row_of(self, r, m) if m else EMPTY_ROW for r, m in zip(req_ids, cuts)],
+                                       max_nodes)
 
     def speculate_arrays(self, req_ids: Sequence[str]) -> DraftBatch:
         return DraftBatch.of(self.speculate_batch(req_ids), self.config.max_spec_tokens)

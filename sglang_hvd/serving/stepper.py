@@ -262,7 +262,7 @@ class HVDStepper:
         asked: list[tuple[np.ndarray, RowTreeBatch]] = []  # the row trees decide asked for (labels read them)
         n = self.shape.draft_nodes
         if self._trees_first:  # decide asks every drafted row's tree: drafted together, in one call
-            arrays, trees = self.drafter.speculate_step(rids, n)
+            arrays, trees = self.drafter.speculate_step(rids, n, self.rule.cache_siblings)  # cut as described
             asked.append((np.arange(len(rids)), trees))
         else:
             arrays = self.drafter.speculate_arrays(rids)

@@ -282,9 +282,10 @@ PYBIND11_MODULE(_native, m) {
                  return out;
              })
         .def("speculate_step",
-             [](SuffixDrafter& s, I64 reqs, int max_nodes) {
+             [](SuffixDrafter& s, I64 reqs, int max_nodes, int siblings) {
                  // speculate_batch's arrays and speculate_rows' in one dict, each row's tree grown
-                 // right after its chain (the chain's occurrence set still in the cache).
+                 // right after its chain (the chain's occurrence set still in the cache); with
+                 // siblings >= 0, to at most min(its chain + siblings, max_nodes) nodes.
                  if (max_nodes < 1) throw std::invalid_argument("max_nodes must be >= 1");
                  auto r = reqs.unchecked<1>();
                  py::dict out;
@@ -293,12 +294,16 @@ PYBIND11_MODULE(_native, m) {
                  {
                      py::gil_scoped_release nogil;
                      s.for_rows(r.data(0), r.shape(0), [&](int64_t i, int w) {
-                         drafts.put(i, s.speculated(r(i), w));
-                         rows.put(i, s.speculate_row(r(i), max_nodes, w));
+                         const hvd::Draft& chain = s.speculated(r(i), w);
+                         drafts.put(i, chain);
+                         const int64_t cut = siblings < 0 ? max_nodes
+                             : std::min<int64_t>(max_nodes, static_cast<int64_t>(chain.tokens.size()) + siblings);
+                         if (cut > 0) rows.put(i, s.speculate_row(r(i), static_cast<int>(cut), w));
+                         else rows.put(i, hvd::RowTree{});
                      });
                  }
                  return out;
-             })
+             }, py::arg("reqs"), py::arg("max_nodes"), py::arg("siblings") = -1)
         .def("context", [](SuffixDrafter& s, int64_t req) {
             auto v = s.context(req);
             return py::array_t<int32_t>(v.size(), v.data());
