@@ -26,7 +26,11 @@ model's size and a GPU's bandwidth and throughput:
                     the draft model, for its next draft): a server that holds an EAGLE3 model
                     runs it EVERY decode step, drafted or not (SGLang does so at steps 0 too,
                     to keep the draft's KV cache warm):
-                      extend_ms + per_token_ms * B + per_context_token_ms * C
+                      extend_ms + extend_per_token_ms * B + extend_per_context_token_ms * C
+                    with constants of its own (format 4; a format 1-3 profile's extend used
+                    the draft steps' per_token_ms and per_context_token_ms, and is read so):
+                    on the CPU harness the extend's context term is ~8x a draft step's, and
+                    priced by the draft steps' it was off by ~30% at held-back cells.
   hvd_cpu(B)        HVD's own host time per step: the cache drafts, and the decision
                     (features, gate, row trees):
                       fixed_ms + (draft_per_row_ms + decide_per_row_ms) * B
@@ -71,9 +75,10 @@ from .errors import HvdInputError
 from .jsonl import write_json
 from .tiers import Tier
 
-PROFILE_FORMAT = 3  # 2: verify.per_row_ms; 3: untimed_ms
-# a format 1 profile is read with verify.per_row_ms = 0, a format 1 or 2 one with untimed_ms = 0 (what they meant)
-READS_FORMATS = (1, 2, 3)
+PROFILE_FORMAT = 4  # 2: verify.per_row_ms; 3: untimed_ms; 4: eagle3.extend_per_token_ms, extend_per_context_token_ms
+# a format 1 profile is read with verify.per_row_ms = 0, a format 1 or 2 one with untimed_ms = 0, and a format 1-3
+# one with the extend's per-token and context constants the draft steps' (what they meant)
+READS_FORMATS = (1, 2, 3, 4)
 KINDS = ("estimate", "measured")
 
 
@@ -107,18 +112,27 @@ class ForwardCost:
 class DraftCost:
     """EAGLE3's drafting per verify: fixed_ms + (S - 1) * (per_step_ms + per_token_ms * B * K
     + per_context_token_ms * C), S - 1 draft forwards for S steps (the first step's tokens come from the extend);
-    its extend, every step of a server that holds the draft model: extend_ms + per_token_ms * B
-    + per_context_token_ms * C."""
+    its extend, every step of a server that holds the draft model: extend_ms + extend_per_token_ms * B
+    + extend_per_context_token_ms * C (each None: the draft steps' own, per_token_ms and
+    per_context_token_ms, as format 1-3 profiles priced the extend)."""
 
     fixed_ms: float
     per_step_ms: float
     per_token_ms: float
     per_context_token_ms: float
     extend_ms: float
+    extend_per_token_ms: float | None = None
+    extend_per_context_token_ms: float | None = None
 
     def __post_init__(self):
+        if self.extend_per_token_ms is None:
+            object.__setattr__(self, "extend_per_token_ms", self.per_token_ms)
+        if self.extend_per_context_token_ms is None:
+            object.__setattr__(self, "extend_per_context_token_ms", self.per_context_token_ms)
         _check("eagle3", fixed_ms=self.fixed_ms, per_step_ms=self.per_step_ms, per_token_ms=self.per_token_ms,
-               per_context_token_ms=self.per_context_token_ms, extend_ms=self.extend_ms)
+               per_context_token_ms=self.per_context_token_ms, extend_ms=self.extend_ms,
+               extend_per_token_ms=self.extend_per_token_ms,
+               extend_per_context_token_ms=self.extend_per_context_token_ms)
 
     def ms(self, batch: int, steps: int, topk: int, context_tokens: float) -> float:
         forwards = max(steps - 1, 0)
@@ -126,7 +140,7 @@ class DraftCost:
                                            + self.per_context_token_ms * context_tokens)
 
     def extend(self, batch: int, context_tokens: float) -> float:
-        return self.extend_ms + self.per_token_ms * batch + self.per_context_token_ms * context_tokens
+        return self.extend_ms + self.extend_per_token_ms * batch + self.extend_per_context_token_ms * context_tokens
 
 
 HOST_NONE, HOST_DRAFTS, HOST_HVD = "none", "drafts", "hvd"  # what host work a step pays (StepProfile.step_ms)
@@ -358,7 +372,8 @@ def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
 
 def fit_draft(samples: Sequence[DraftSample], extend_ms: float) -> DraftCost:
     """The draft forwards' constants from samples of S steps at topk K; ``extend_ms``: the
-    extend's measured fixed part (its per-token and context terms are the draft steps')."""
+    extend's measured fixed part (its per-token and context constants are left the draft
+    steps': ``fit_extend`` fits its own)."""
     if len(samples) < 2:
         raise ValueError(f"fitting a draft cost needs >= 2 samples, got {len(samples)}")
     s = np.array([max(x.steps - 1, 0) for x in samples], dtype=np.float64)  # draft forwards
@@ -368,6 +383,39 @@ def fit_draft(samples: Sequence[DraftSample], extend_ms: float) -> DraftCost:
     w = 1.0 / y
     c, _ = _nnls(np.stack([np.ones_like(y), s, s * bk, s * ctx], axis=1) * w[:, None], y * w)
     return DraftCost(*(float(v) for v in c), extend_ms=float(extend_ms))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExtendSample:
+    batch: int
+    context_tokens: int
+    ms: float
+
+
+def fit_extend(samples: Sequence[ExtendSample], draft: DraftCost) -> DraftCost:
+    """``draft`` with the extend's constants fitted to the samples, in relative error and >= 0:
+    its fixed part always; its per-token constant where the samples span 2 batch sizes or
+    more, its context constant where their contexts span a factor of 2 or more (a constant
+    the samples cannot tell keeps ``draft``'s). With neither, the fixed part is the median
+    of what the kept constants leave (a pause in one step does not pull it)."""
+    if not samples:
+        raise ValueError("fitting the draft extend needs >= 1 sample")
+    b = np.array([x.batch for x in samples], dtype=np.float64)
+    ctx = np.array([x.context_tokens for x in samples], dtype=np.float64)
+    y = np.array([x.ms for x in samples], dtype=np.float64)
+    per_token, per_ctx = draft.extend_per_token_ms, draft.extend_per_context_token_ms
+    fit_tokens = len(np.unique(b)) >= 2
+    fit_ctx = ctx.max() >= 2 * max(ctx.min(), 1.0)
+    rest = y - (0.0 if fit_tokens else per_token * b) - (0.0 if fit_ctx else per_ctx * ctx)
+    if not (fit_tokens or fit_ctx):
+        return dataclasses.replace(draft, extend_ms=max(float(np.median(rest)), 0.0))
+    cols = [np.ones_like(y)] + ([b] if fit_tokens else []) + ([ctx] if fit_ctx else [])
+    w = 1.0 / y
+    c, _ = _nnls(np.stack(cols, axis=1) * w[:, None], rest * w)
+    fitted = iter(float(v) for v in c[1:])
+    return dataclasses.replace(draft, extend_ms=float(c[0]),
+                               extend_per_token_ms=next(fitted) if fit_tokens else per_token,
+                               extend_per_context_token_ms=next(fitted) if fit_ctx else per_ctx)
 
 
 def fit_host(batches: Sequence[int], draft_ms: Sequence[float], total_ms: Sequence[float]) -> HostCost:

@@ -18,6 +18,7 @@ from sglang_hvd.step_profile import (
     HOST_NONE,
     DraftCost,
     DraftSample,
+    ExtendSample,
     ForwardCost,
     HostCost,
     StepProfile,
@@ -25,6 +26,7 @@ from sglang_hvd.step_profile import (
     _nnls,
     _nnls_many,
     fit_draft,
+    fit_extend,
     fit_host,
     fit_verify,
     load_profile,
@@ -45,7 +47,10 @@ def profile(verify=(0.4, 0.025, 64.0, 4e-5), eagle3=(0.5, 0.3, 0.002, 1e-6, 0.0)
 def test_a_profile_round_trips_through_json_and_a_file(tmp_path):
     p = profile(note="measured on the CPU harness", fit_error={"verify": 0.03}, untimed_ms=1.5)
     d = p.to_json()
-    assert d["format_version"] == 3 and d["kind"] == "measured" and d["untimed_ms"] == 1.5
+    assert d["format_version"] == 4 and d["kind"] == "measured" and d["untimed_ms"] == 1.5
+    # the extend's own constants are written, here the draft steps' (a DraftCost given none)
+    assert d["eagle3"] == {"fixed_ms": 0.5, "per_step_ms": 0.3, "per_token_ms": 0.002, "per_context_token_ms": 1e-6,
+                           "extend_ms": 0.0, "extend_per_token_ms": 0.002, "extend_per_context_token_ms": 1e-6}
     assert d["verify"] == {"fixed_ms": 0.4, "per_token_ms": 0.025, "knee_tokens": 64.0, "per_context_token_ms": 4e-5,
                            "per_row_ms": 0.0}
     assert StepProfile.from_json(json.loads(json.dumps(d))) == p
@@ -78,8 +83,10 @@ GOOD = profile().to_json()
 
 
 @pytest.mark.parametrize("doc, message", [
-    (_with(GOOD, "format_version", None, 4), "p.json: profile format_version 4, this sglang-hvd reads 1, 2 and 3"),
-    (_without(GOOD, "format_version"), "p.json: profile format_version None, this sglang-hvd reads 1, 2 and 3"),
+    (_with(GOOD, "format_version", None, 5), "p.json: profile format_version 5, this sglang-hvd reads 1, 2, 3 and 4"),
+    (_without(GOOD, "format_version"), "p.json: profile format_version None, this sglang-hvd reads 1, 2, 3 and 4"),
+    (_with(GOOD, "eagle3", "extend_per_context_token_ms", -1e-4),
+     "eagle3.extend_per_context_token_ms must be a finite number >= 0, got -0.0001"),
     (_without(GOOD, "untimed_ms"), "p.json: the profile lacks 'untimed_ms'"),
     (_with(GOOD, "untimed_ms", None, -1.0), "profile.untimed_ms must be a finite number >= 0, got -1.0"),
     (_with(GOOD, "untimed_ms", None, "2"), "profile.untimed_ms must be a finite number >= 0, got '2'"),
@@ -112,6 +119,22 @@ def test_a_format_1_profile_is_read_with_no_per_row_verify_cost_and_format_1_and
     assert p.verify.ms(8, 4, 1000) == pytest.approx(0.4 + 4e-5 * 1000 + 0.025 * 64)
     assert profile(verify=(0.4, 0.025, 64.0, 4e-5, 0.3)).verify.ms(8, 4, 1000) == pytest.approx(
         0.4 + 8 * 0.3 + 4e-5 * 1000 + 0.025 * 64)
+
+
+def test_a_format_1_to_3_profile_prices_the_extend_by_the_draft_steps_constants_and_format_4_by_its_own():
+    three = _with(_without(_without(GOOD, "eagle3", "extend_per_token_ms"), "eagle3", "extend_per_context_token_ms"),
+                  "format_version", None, 3)
+    three = _with(three, "eagle3", "extend_ms", 0.4)
+    p = StepProfile.from_json(three)
+    # 0.4 + 0.002 * 8 + 1e-6 * 1000: the draft steps' per-token and context constants, as format 3 meant
+    assert p.eagle3.extend(8, 1000) == pytest.approx(0.417)
+    assert (p.eagle3.extend_per_token_ms, p.eagle3.extend_per_context_token_ms) == (0.002, 1e-6)
+    four = _with(_with(_with(three, "format_version", None, 4), "eagle3", "extend_per_token_ms", 0.05),
+                 "eagle3", "extend_per_context_token_ms", 2e-5)
+    q = StepProfile.from_json(four)
+    assert q.eagle3.extend(8, 1000) == pytest.approx(0.4 + 0.05 * 8 + 2e-5 * 1000)
+    assert q.eagle3.ms(8, 3, 1, 1000) == p.eagle3.ms(8, 3, 1, 1000)  # the draft forwards are priced as before
+    assert StepProfile.from_json(q.to_json()) == q
 
 
 def test_load_profile_refuses_a_missing_unreadable_or_malformed_file(tmp_path):
@@ -220,6 +243,30 @@ def test_fit_draft_and_fit_host_recover_their_constants():
     # drafts measured dearer per row than the whole (noise): the decision's part is 0, never negative
     host = fit_host([1, 2], [0.1, 0.3], [0.2, 0.3])
     assert [host.fixed_ms, host.draft_per_row_ms, host.decide_per_row_ms] == pytest.approx([0.1, 0.1, 0.0])
+
+
+def test_fit_extend_fits_the_constants_its_samples_span_and_keeps_the_others():
+    draft = DraftCost(0.5, 0.3, 0.002, 1e-6, extend_ms=0.0)  # the extend priced by the draft steps' constants
+    truth = dataclasses.replace(draft, extend_ms=1.5, extend_per_token_ms=0.04, extend_per_context_token_ms=0.002)
+    grid = [(b, c) for b in (1, 4, 16, 32) for c in (100 * b, 400 * b)]
+    fitted = fit_extend([ExtendSample(b, c, truth.extend(b, c)) for b, c in grid], draft)
+    assert [fitted.extend_ms, fitted.extend_per_token_ms, fitted.extend_per_context_token_ms] == pytest.approx(
+        [1.5, 0.04, 0.002], rel=1e-6)
+    assert dataclasses.replace(fitted, extend_ms=0.0, extend_per_token_ms=0.002,
+                               extend_per_context_token_ms=1e-6) == draft  # the draft forwards untouched
+    # one batch size: the per-token constant is the draft's; contexts within a factor of 2: so is the context's
+    one_batch = fit_extend([ExtendSample(8, c, truth.extend(8, c)) for c in (1000, 3000)], draft)
+    assert one_batch.extend_per_token_ms == 0.002
+    assert one_batch.extend_per_context_token_ms == pytest.approx(0.002, rel=1e-6)
+    assert one_batch.extend_ms == pytest.approx(1.5 + (0.04 - 0.002) * 8, rel=1e-6)
+    narrow = fit_extend([ExtendSample(b, c, truth.extend(b, c)) for b, c in ((4, 1000), (16, 1500))], draft)
+    assert narrow.extend_per_context_token_ms == 1e-6
+    # neither spanned: the fixed part is the median of what the kept constants leave (a paused step does not pull it)
+    ms = [2.0, 2.1, 9.0]
+    alone = fit_extend([ExtendSample(8, 1000, m) for m in ms], draft)
+    assert alone.extend_ms == pytest.approx(2.1 - 0.002 * 8 - 1e-6 * 1000)
+    with pytest.raises(ValueError, match="fitting the draft extend needs >= 1 sample"):
+        fit_extend([], draft)
 
 
 def test_nnls_keeps_every_coefficient_at_or_above_zero():

@@ -11,10 +11,11 @@ from sglang_hvd.serving.step_timing import ProfileRefiner, StepTiming, errors, f
 from sglang_hvd.step_profile import DraftCost, ForwardCost, HostCost, StepProfile
 
 
-def profile(verify_fixed=1.0, name="p"):
+def profile(verify_fixed=1.0, name="p", extend=(None, None)):
+    """``extend``: the extend's per-token and context constants (None: the draft steps')."""
     return StepProfile(name=name, kind="estimate", target_model="t", draft_model="d", hardware="cpu",
                        verify=ForwardCost(verify_fixed, 0.01, 8, 0.001),
-                       eagle3=DraftCost(0.1, 0.5, 0.002, 0.0001, extend_ms=0.4),
+                       eagle3=DraftCost(0.1, 0.5, 0.002, 0.0001, 0.4, *extend),
                        hvd_cpu=HostCost(0.05, 0.01, 0.02))
 
 
@@ -38,11 +39,13 @@ def test_a_step_predicted_term_by_term():
 
 
 def test_the_fit_recovers_the_profile_the_steps_came_from():
-    true = profile()
+    true = profile(extend=(0.03, 0.0008))  # an extend dearer per context token than a draft step (the CPU harness's)
     fitted = fit_profile(profile(verify_fixed=3.0), [served(true, *g) for g in GRID], "fit")
     assert fitted.kind == "measured" and fitted.name == "fit"
     assert fitted.verify.fixed_ms == pytest.approx(1.0, rel=1e-6)
-    assert fitted.eagle3.extend_ms == pytest.approx(0.4, rel=1e-6)
+    assert [fitted.eagle3.extend_ms, fitted.eagle3.extend_per_token_ms,
+            fitted.eagle3.extend_per_context_token_ms] == pytest.approx([0.4, 0.03, 0.0008], rel=1e-6)
+    assert fitted.eagle3.per_context_token_ms == pytest.approx(0.0001, rel=1e-6)  # the draft steps' stays theirs
     assert all(v < 1e-6 for v in fitted.fit_error.values())
 
 
@@ -52,6 +55,9 @@ def test_a_term_without_enough_shapes_keeps_the_served_constants():
     fitted = fit_profile(base, one_shape, "fit")
     assert fitted.verify == base.verify and fitted.hvd_cpu == base.hvd_cpu
     assert (fitted.eagle3.fixed_ms, fitted.eagle3.per_step_ms) == (0.1, 0.5)
+    # one batch and one context: the extend's fixed part refitted, its per-token and context constants the served
+    assert (fitted.eagle3.extend_per_token_ms, fitted.eagle3.extend_per_context_token_ms) == (0.002, 0.0001)
+    assert fitted.eagle3.extend_ms == pytest.approx(0.4)
 
 
 def test_the_refiner_serves_a_better_fit_and_only_a_better_one():

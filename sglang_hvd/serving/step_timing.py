@@ -28,10 +28,12 @@ import numpy as np
 from ..errors import HvdInputError
 from ..step_profile import (
     DraftSample,
+    ExtendSample,
     HostCost,
     StepProfile,
     VerifySample,
     fit_draft,
+    fit_extend,
     fit_verify,
     relative_error,
 )
@@ -179,8 +181,10 @@ def fittable(timings) -> set[str]:
 
 def fit_profile(base: StepProfile, timings, name: str) -> StepProfile:
     """``base`` with each term refitted where ``timings`` span enough shapes (``fittable``;
-    the host's drafts share kept from ``base``), and the untimed part of a step the
-    median of the steps with a wall time (``untimed``). Others keep ``base``'s constants."""
+    the host's drafts share kept from ``base``; the extend's constants as far as its
+    samples span batch and context, step_profile.fit_extend), and the untimed part of a
+    step the median of the steps with a wall time (``untimed``). Others keep ``base``'s
+    constants."""
     verify, eagle3, host = base.verify, base.eagle3, base.hvd_cpu
     terms = fittable(timings)
     if "verify" in terms:
@@ -189,11 +193,9 @@ def fit_profile(base: StepProfile, timings, name: str) -> StepProfile:
     if "draft" in terms:
         eagle3 = fit_draft([DraftSample(t.batch, t.draft_steps, t.topk, t.context_tokens, t.draft_ms)
                             for t in timings if t.draft_steps and t.draft_ms > 0], eagle3.extend_ms)
-    ext = [t for t in timings if t.extend_ms > 0]
     if "extend" in terms:
-        fixed = np.median([t.extend_ms - eagle3.per_token_ms * t.batch - eagle3.per_context_token_ms * t.context_tokens
-                           for t in ext])
-        eagle3 = dataclasses.replace(eagle3, extend_ms=max(float(fixed), 0.0))
+        eagle3 = fit_extend([ExtendSample(t.batch, t.context_tokens, t.extend_ms) for t in timings if t.extend_ms > 0],
+                            eagle3)
     hs = [t for t in timings if t.host_ms > 0]
     if "host" in terms:
         b = np.array([t.batch for t in hs], dtype=np.float64)
