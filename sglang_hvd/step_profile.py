@@ -19,9 +19,12 @@ model's size and a GPU's bandwidth and throughput:
   eagle3(B, S, K, C)  EAGLE3's draft forwards for a verify of S steps at topk K: S - 1 of them
                     (SGLang's first draft step takes its tokens from the extend's top-k, and
                     eagle_worker_v2's draft loop stops before the last step's forward):
-                      fixed_ms + (S - 1) * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C)
-                    (``fixed_ms``: building the tree from the steps' candidates). A step none
-                    of whose rows verifies an EAGLE3 branch skips them.
+                      fixed_ms + per_row_ms * B
+                      + (S - 1) * (per_step_ms + per_token_ms * B * K + per_context_token_ms * C)
+                    (``fixed_ms`` and ``per_row_ms``: building the tree from the steps'
+                    candidates, which on the CPU harness grows with the batch: a one-step
+                    draft took 1.1 ms at batch 16, 0.5 at 4; format 4, 0 before). A step
+                    none of whose rows verifies an EAGLE3 branch skips them.
   extend(B, C)      the draft model's extend after each verify (the accepted tokens through
                     the draft model, for its next draft): a server that holds an EAGLE3 model
                     runs it EVERY decode step, drafted or not (SGLang does so at steps 0 too,
@@ -75,9 +78,10 @@ from .errors import HvdInputError
 from .jsonl import write_json
 from .tiers import Tier
 
-PROFILE_FORMAT = 4  # 2: verify.per_row_ms; 3: untimed_ms; 4: eagle3.extend_per_token_ms, extend_per_context_token_ms
+# 2: verify.per_row_ms; 3: untimed_ms; 4: eagle3.extend_per_token_ms, extend_per_context_token_ms, per_row_ms
+PROFILE_FORMAT = 4
 # a format 1 profile is read with verify.per_row_ms = 0, a format 1 or 2 one with untimed_ms = 0, and a format 1-3
-# one with the extend's per-token and context constants the draft steps' (what they meant)
+# one with the extend's per-token and context constants the draft steps' and eagle3.per_row_ms = 0 (what they meant)
 READS_FORMATS = (1, 2, 3, 4)
 KINDS = ("estimate", "measured")
 
@@ -110,7 +114,7 @@ class ForwardCost:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DraftCost:
-    """EAGLE3's drafting per verify: fixed_ms + (S - 1) * (per_step_ms + per_token_ms * B * K
+    """EAGLE3's drafting per verify: fixed_ms + per_row_ms * B + (S - 1) * (per_step_ms + per_token_ms * B * K
     + per_context_token_ms * C), S - 1 draft forwards for S steps (the first step's tokens come from the extend);
     its extend, every step of a server that holds the draft model: extend_ms + extend_per_token_ms * B
     + extend_per_context_token_ms * C (each None: the draft steps' own, per_token_ms and
@@ -123,6 +127,7 @@ class DraftCost:
     extend_ms: float
     extend_per_token_ms: float | None = None
     extend_per_context_token_ms: float | None = None
+    per_row_ms: float = 0.0  # the tree's build per row, whatever the steps
 
     def __post_init__(self):
         if self.extend_per_token_ms is None:
@@ -132,12 +137,12 @@ class DraftCost:
         _check("eagle3", fixed_ms=self.fixed_ms, per_step_ms=self.per_step_ms, per_token_ms=self.per_token_ms,
                per_context_token_ms=self.per_context_token_ms, extend_ms=self.extend_ms,
                extend_per_token_ms=self.extend_per_token_ms,
-               extend_per_context_token_ms=self.extend_per_context_token_ms)
+               extend_per_context_token_ms=self.extend_per_context_token_ms, per_row_ms=self.per_row_ms)
 
     def ms(self, batch: int, steps: int, topk: int, context_tokens: float) -> float:
         forwards = max(steps - 1, 0)
-        return self.fixed_ms + forwards * (self.per_step_ms + self.per_token_ms * batch * topk
-                                           + self.per_context_token_ms * context_tokens)
+        return self.fixed_ms + self.per_row_ms * batch + forwards * (
+            self.per_step_ms + self.per_token_ms * batch * topk + self.per_context_token_ms * context_tokens)
 
     def extend(self, batch: int, context_tokens: float) -> float:
         return self.extend_ms + self.extend_per_token_ms * batch + self.extend_per_context_token_ms * context_tokens
@@ -381,8 +386,10 @@ def fit_draft(samples: Sequence[DraftSample], extend_ms: float) -> DraftCost:
     ctx = np.array([x.context_tokens for x in samples], dtype=np.float64)
     y = np.array([x.ms for x in samples], dtype=np.float64)
     w = 1.0 / y
-    c, _ = _nnls(np.stack([np.ones_like(y), s, s * bk, s * ctx], axis=1) * w[:, None], y * w)
-    return DraftCost(*(float(v) for v in c), extend_ms=float(extend_ms))
+    b = np.array([x.batch for x in samples], dtype=np.float64)
+    c, _ = _nnls(np.stack([np.ones_like(y), s, s * bk, s * ctx, b], axis=1) * w[:, None], y * w)
+    fixed, per_step, per_token, per_ctx, per_row = (float(v) for v in c)
+    return DraftCost(fixed, per_step, per_token, per_ctx, extend_ms=float(extend_ms), per_row_ms=per_row)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -50,7 +50,8 @@ def test_a_profile_round_trips_through_json_and_a_file(tmp_path):
     assert d["format_version"] == 4 and d["kind"] == "measured" and d["untimed_ms"] == 1.5
     # the extend's own constants are written, here the draft steps' (a DraftCost given none)
     assert d["eagle3"] == {"fixed_ms": 0.5, "per_step_ms": 0.3, "per_token_ms": 0.002, "per_context_token_ms": 1e-6,
-                           "extend_ms": 0.0, "extend_per_token_ms": 0.002, "extend_per_context_token_ms": 1e-6}
+                           "extend_ms": 0.0, "extend_per_token_ms": 0.002, "extend_per_context_token_ms": 1e-6,
+                           "per_row_ms": 0.0}
     assert d["verify"] == {"fixed_ms": 0.4, "per_token_ms": 0.025, "knee_tokens": 64.0, "per_context_token_ms": 4e-5,
                            "per_row_ms": 0.0}
     assert StepProfile.from_json(json.loads(json.dumps(d))) == p
@@ -128,12 +129,15 @@ def test_a_format_1_to_3_profile_prices_the_extend_by_the_draft_steps_constants_
     p = StepProfile.from_json(three)
     # 0.4 + 0.002 * 8 + 1e-6 * 1000: the draft steps' per-token and context constants, as format 3 meant
     assert p.eagle3.extend(8, 1000) == pytest.approx(0.417)
-    assert (p.eagle3.extend_per_token_ms, p.eagle3.extend_per_context_token_ms) == (0.002, 1e-6)
+    assert (p.eagle3.extend_per_token_ms, p.eagle3.extend_per_context_token_ms, p.eagle3.per_row_ms) == (0.002, 1e-6, 0)
     four = _with(_with(_with(three, "format_version", None, 4), "eagle3", "extend_per_token_ms", 0.05),
                  "eagle3", "extend_per_context_token_ms", 2e-5)
     q = StepProfile.from_json(four)
     assert q.eagle3.extend(8, 1000) == pytest.approx(0.4 + 0.05 * 8 + 2e-5 * 1000)
     assert q.eagle3.ms(8, 3, 1, 1000) == p.eagle3.ms(8, 3, 1, 1000)  # the draft forwards are priced as before
+    # format 4's per-row tree build: 0.5 + 0.05 * 8 + 2 * (0.3 + 0.002 * 8 + 1e-6 * 1000)
+    q = StepProfile.from_json(_with(four, "eagle3", "per_row_ms", 0.05))
+    assert q.eagle3.ms(8, 3, 1, 1000) == pytest.approx(1.534)
     assert StepProfile.from_json(q.to_json()) == q
 
 
@@ -231,11 +235,12 @@ def test_fit_verify_finds_a_knee_between_sampled_points_and_predicts_held_back_o
 
 
 def test_fit_draft_and_fit_host_recover_their_constants():
-    truth = DraftCost(0.5, 0.3, 0.002, 1e-6, extend_ms=0.4)
+    truth = DraftCost(0.5, 0.3, 0.002, 1e-6, extend_ms=0.4, per_row_ms=0.05)
     grid = [(b, s, k, c) for b in (1, 8, 64) for s in (1, 3, 7) for k in (1, 4) for c in (0, 65536)]
     fitted = fit_draft([DraftSample(b, s, k, c, truth.ms(b, s, k, c)) for b, s, k, c in grid], extend_ms=0.4)
-    assert [fitted.fixed_ms, fitted.per_step_ms, fitted.per_token_ms, fitted.per_context_token_ms] == pytest.approx(
-        [0.5, 0.3, 0.002, 1e-6], rel=1e-6)
+    assert [fitted.fixed_ms, fitted.per_step_ms, fitted.per_token_ms, fitted.per_context_token_ms,
+            fitted.per_row_ms] == pytest.approx([0.5, 0.3, 0.002, 1e-6, 0.05], rel=1e-6)
+    assert truth.ms(16, 1, 4, 1000) == pytest.approx(0.5 + 0.05 * 16)  # one step: no draft forward, the tree's build
     assert fitted.extend_ms == 0.4
     batches = [1, 8, 64]
     host = fit_host(batches, [0.15 + 0.01 * b for b in batches], [0.15 + 0.03 * b for b in batches])

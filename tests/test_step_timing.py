@@ -11,11 +11,11 @@ from sglang_hvd.serving.step_timing import ProfileRefiner, StepTiming, errors, f
 from sglang_hvd.step_profile import DraftCost, ForwardCost, HostCost, StepProfile
 
 
-def profile(verify_fixed=1.0, name="p", extend=(None, None)):
+def profile(verify_fixed=1.0, name="p", extend=(None, None), draft_per_row_ms=0.0):
     """``extend``: the extend's per-token and context constants (None: the draft steps')."""
     return StepProfile(name=name, kind="estimate", target_model="t", draft_model="d", hardware="cpu",
                        verify=ForwardCost(verify_fixed, 0.01, 8, 0.001),
-                       eagle3=DraftCost(0.1, 0.5, 0.002, 0.0001, 0.4, *extend),
+                       eagle3=DraftCost(0.1, 0.5, 0.002, 0.0001, 0.4, *extend, per_row_ms=draft_per_row_ms),
                        hvd_cpu=HostCost(0.05, 0.01, 0.02))
 
 
@@ -39,13 +39,15 @@ def test_a_step_predicted_term_by_term():
 
 
 def test_the_fit_recovers_the_profile_the_steps_came_from():
-    true = profile(extend=(0.03, 0.0008))  # an extend dearer per context token than a draft step (the CPU harness's)
+    # an extend dearer per context token than a draft step, and a tree build per row (the CPU harness's)
+    true = profile(extend=(0.03, 0.0008), draft_per_row_ms=0.05)
     fitted = fit_profile(profile(verify_fixed=3.0), [served(true, *g) for g in GRID], "fit")
     assert fitted.kind == "measured" and fitted.name == "fit"
     assert fitted.verify.fixed_ms == pytest.approx(1.0, rel=1e-6)
     assert [fitted.eagle3.extend_ms, fitted.eagle3.extend_per_token_ms,
             fitted.eagle3.extend_per_context_token_ms] == pytest.approx([0.4, 0.03, 0.0008], rel=1e-6)
     assert fitted.eagle3.per_context_token_ms == pytest.approx(0.0001, rel=1e-6)  # the draft steps' stays theirs
+    assert fitted.eagle3.per_row_ms == pytest.approx(0.05, rel=1e-6)
     assert all(v < 1e-6 for v in fitted.fit_error.values())
 
 
