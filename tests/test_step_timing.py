@@ -62,6 +62,15 @@ def test_a_term_without_enough_shapes_keeps_the_served_constants():
     assert fitted.eagle3.extend_ms == pytest.approx(0.4)
 
 
+def test_a_draft_refit_keeps_the_served_extend_constants_its_steps_cannot_tell():
+    base = profile(extend=(0.03, 0.0008))
+    # one batch and one context, two draft step counts: the draft forwards refitted, the extend's slopes not
+    steps = [served(profile(extend=(0.03, 0.0008)), 8, 4, 800, s) for s in (1, 3)] * 10
+    fitted = fit_profile(base, steps, "fit")
+    assert (fitted.eagle3.extend_per_token_ms, fitted.eagle3.extend_per_context_token_ms) == (0.03, 0.0008)
+    assert fitted.eagle3.extend_ms == pytest.approx(0.4)
+
+
 def test_the_refiner_serves_a_better_fit_and_only_a_better_one():
     true = profile()
     wrong = ProfileRefiner(profile(verify_fixed=3.0, name="guess"), window=64, refit_every=len(GRID))
