@@ -92,10 +92,13 @@ def test_a_grid_too_small_to_fit_a_term_is_refused():
 
 class StandIn(BaseHTTPRequestHandler):
     """/server_info of a tier-cycling HVD server; /generate times each of the request's
-    decode steps from TRUE (5% noise) at the number of requests in flight."""
+    decode steps from TRUE (5% noise) at its load level's batch: ``levels[i]`` for the i-th
+    request to arrive (hvd profile sends each level's requests together and the next level
+    after they return; a count of requests in flight was 1 where a loaded machine ran them
+    one after another, and the grid then lacked batch sizes)."""
 
     timings = ""
-    in_flight = 0
+    levels: list[int] = []
     requests = 0
     lock = threading.Lock()
     rng = random.Random(1)
@@ -120,25 +123,21 @@ class StandIn(BaseHTTPRequestHandler):
         new = req["sampling_params"]["max_new_tokens"]
         assert req["sampling_params"]["ignore_eos"] is True
         with StandIn.lock:
-            StandIn.in_flight += 1
+            b = StandIn.levels[StandIn.requests]
             StandIn.requests += 1
-        try:
-            lines = []
-            for k in range(new):
-                n, s = TIERS[k % len(TIERS)]
-                b = StandIn.in_flight
-                lines.append(json.dumps(timed(TRUE, b, n, s, b * (len(req["input_ids"]) + k), StandIn.rng,
-                                              0.05).to_json()))
-            with StandIn.lock, open(StandIn.timings, "a") as f:
-                f.write("".join(line + "\n" for line in lines))
-        finally:
-            with StandIn.lock:
-                StandIn.in_flight -= 1
+        lines = []
+        for k in range(new):
+            n, s = TIERS[k % len(TIERS)]
+            lines.append(json.dumps(timed(TRUE, b, n, s, b * (len(req["input_ids"]) + k), StandIn.rng,
+                                          0.05).to_json()))
+        with StandIn.lock, open(StandIn.timings, "a") as f:
+            f.write("".join(line + "\n" for line in lines))
         self._reply({"output_ids": [7] * new})
 
 
 def test_hvd_profile_writes_a_measured_profile(tmp_path, capsys):
     StandIn.timings = str(tmp_path / "steps.jsonl")
+    StandIn.levels = [c for _ in range(2) for _ in (32, 256) for c in (1, 2, 4, 8) for _ in range(c)]
     with open(StandIn.timings, "w") as f:  # steps of an earlier run: not this profile's
         f.write(json.dumps(StepTiming(1, 1, 1, 999.0).to_json()) + "\n")
     server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
