@@ -51,7 +51,67 @@ def test_warm_cache_leaves_out_the_timed_conversations(demo_dir, tmp_path, capsy
     tokens = sum(len(r.output_ids) for r in warm)
     assert f"warm cache: {len(warm)} responses ({tokens:,} tokens) from {warm_path}" in capsys.readouterr().out
     with open(out) as f:
-        assert json.load(f)["warm_cache"] == {"traces": [warm_path], "responses": len(warm), "tokens": tokens}
+        assert json.load(f)["warm_cache"] == {"traces": [warm_path], "repeat": 1, "responses": len(warm),
+                                              "tokens": tokens}
+
+
+def _split(demo_dir, tmp_path) -> tuple[str, str, list]:
+    """The demo's traces as two files: two conversations to time, the others to warm the cache with."""
+    records = list(iter_traces(os.path.join(demo_dir, "traces.jsonl")))
+    convs = sorted({r.conv_id for r in records})
+    timed_path, warm_path = str(tmp_path / "timed.jsonl"), str(tmp_path / "warm.jsonl")
+    _write(timed_path, [r for r in records if r.conv_id in convs[:2]])
+    warm = [r for r in records if r.conv_id in convs[2:]]
+    _write(warm_path, warm)
+    return timed_path, warm_path, warm
+
+
+def test_a_repeated_warm_cache_and_the_drafter_bounds_set_by_flags(demo_dir, tmp_path, capsys):
+    bf = bench_script("bench_fleet")
+    timed, warm_path, warm = _split(demo_dir, tmp_path)
+    tokens = sum(len(r.output_ids) for r in warm)
+    out = str(tmp_path / "fleet.json")
+    assert bf.main([timed, "--gate", os.path.join(demo_dir, "gate"), "--concurrency", "0", "--no-sequential",
+                    "--batch", "2", "--warm", warm_path, "--warm-repeat", "3", "--max-occurrences", "8",
+                    "--max-scan", "4", "--global-max-tokens", str(2 * tokens), "--json", out]) == 0
+    text = capsys.readouterr().out
+    assert "drafter bounds (set by flags): max_occurrences 8, max_scan 8, " in text  # the scan covers K at least
+    assert (f"warm cache: {3 * len(warm)} responses ({3 * tokens:,} tokens) from {warm_path}, 3 times over in the "
+            f"global cache at each fleet and fixed-batch run's start; the oldest evicted past {2 * tokens:,}") in text
+    with open(out) as f:
+        got = json.load(f)
+    assert got["warm_cache"] == {"traces": [warm_path], "repeat": 3, "responses": 3 * len(warm), "tokens": 3 * tokens}
+    assert got["drafter_bounds"] == {"max_occurrences": 8, "max_scan": 8, "global_max_tokens": 2 * tokens}
+
+
+def test_a_global_cache_budget_of_nothing_keeps_no_warm_response(demo_dir, tmp_path, capsys):
+    bf = bench_script("bench_fleet")
+    timed, warm_path, _ = _split(demo_dir, tmp_path)
+    cycles = {}
+    for name, extra in (("empty", []), ("warm", ["--warm", warm_path]),
+                        ("warm, budget 0", ["--warm", warm_path, "--global-max-tokens", "0"])):
+        out = str(tmp_path / "fleet.json")
+        assert bf.main([timed, "--gate", os.path.join(demo_dir, "gate"), "--concurrency", "0", "--no-sequential",
+                        "--batch", "2", *extra, "--json", out]) == 0
+        with open(out) as f:
+            cycles[name] = json.load(f)["fixed_batch"]["batch 2 (S 4)"]["cycles_per_1k"]
+    assert "drafter bounds (the gate's): max_occurrences 1,024, max_scan 4,096, global_max_tokens 2,000,000" in (
+        capsys.readouterr().out)
+    assert cycles["warm"] != cycles["empty"]  # the earlier responses drafted (here 492.6 against 488.9 cycles)
+    assert cycles["warm, budget 0"] == cycles["empty"]  # evicted as they were cached: nothing left to draft from
+
+
+def test_bad_bounds_and_a_repeat_without_a_warm_cache_are_refused(demo_dir, capsys):
+    bf = bench_script("bench_fleet")
+    args = [os.path.join(demo_dir, "traces.jsonl"), "--gate", os.path.join(demo_dir, "gate")]
+    for bad, message in ((["--max-occurrences", "0"], "--max-occurrences: expected an integer in [1, "),
+                         (["--max-scan", "nan"], "--max-scan: expected an integer in [1, "),
+                         (["--global-max-tokens", "-1"], "--global-max-tokens: expected an integer in [0, "),
+                         (["--warm-repeat", "101"], "--warm-repeat: expected an integer in [1, 100]"),
+                         (["--warm-repeat", "2"], "--warm-repeat needs --warm")):
+        with pytest.raises(SystemExit):
+            bf.main([*args, *bad])
+        assert message in capsys.readouterr().err
 
 
 def test_a_warm_cache_of_only_timed_conversations_is_refused(demo_dir, capsys):

@@ -2,6 +2,7 @@
 
     python launch/bench/bench_fleet.py dev.jsonl.gz --gate GATE_DIR [--sources swe-agent] \
         [--concurrency 1,8] [--cache-siblings 0,4] [--batch 1,8,32,64] [--profile P] [--warm WARM] \
+        [--warm-repeat R] [--max-occurrences K] [--max-scan M] [--global-max-tokens T] \
         [--draft-threads N --clock wall] [--json OUT]
 
 Runs the gate's hvd policy over the traces by sequential replay (``simulate`` with the
@@ -38,7 +39,14 @@ holding WARM's responses, as a server that has run a while holds earlier respons
 the drafter's token budget, oldest evicted first); conversations of TRACES are left out of
 it. A cache that holds more text costs more per draft (more occurrences to match and walk)
 and drafts more: the host time and cycles of a warm cache are a long-running server's, those
-of an empty one its first minutes'. The sequential replay starts empty.
+of an empty one its first minutes'. The sequential replay starts empty. ``--warm-repeat R``
+fills it with WARM's responses R times over (as a server whose traffic repeats itself holds
+each answer several times; the oldest evicted past the budget): every occurrence set R times
+larger.
+
+``--max-occurrences K``, ``--max-scan M`` and ``--global-max-tokens T`` replace the gate's
+bounds on the drafter's work and cache (a server's ``--hvd-max-occurrences``, ``--hvd-max-scan``,
+``--hvd-global-max-tokens``): what smaller bounds save in host time, and what they cost in cycles.
 
 ``--draft-threads N`` drafts each step's rows on N threads (a server's ``--hvd-draft-threads``;
 the same drafts, plans and cycles): time it with ``--clock wall``, as the CPU clock counts
@@ -56,6 +64,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sglang_hvd.cli.common import int_in
+from sglang_hvd.cli.options import BIG
 from sglang_hvd.cost_rule import CostRule, StepMode
 from sglang_hvd.decision import BatchPlan
 from sglang_hvd.drafter import create_drafter
@@ -70,6 +80,13 @@ from sglang_hvd.step_profile import fit_host, load_profile
 from sglang_hvd.tiers import Tier, served_tiers
 from sglang_hvd.trace import iter_traces
 
+MAX_WARM_REPEAT = 100
+# the drafter's resource bounds a run may replace: (flag, least value, what it bounds); the field is the flag's name
+BOUNDS = (("--max-occurrences", "K", 1, "walk each occurrence set from its newest K (max_occurrences)"),
+          ("--max-scan", "M", 1, "scan at most the newest M occurrences of the context's last two tokens (max_scan; "
+                                 "at least K)"),
+          ("--global-max-tokens", "T", 0, "keep at most T tokens of responses in the global cache, the oldest "
+                                          "evicted (global_max_tokens)"))
 PARTS = ("start", "sync", "plan", "verified", "finish")
 # plan's own parts: the step's appends (the tokens synced since the last step, into the drafter),
 # its drafts (chains and row trees: the drafter's batch calls) and the decision (the rest: features,
@@ -244,6 +261,12 @@ def main(argv=None) -> int:
     p.add_argument("--warm", action="append", metavar="WARM",
                    help="traces whose responses fill the global cache before each fleet and fixed-batch run "
                         "(conversations of TRACES left out; repeatable) (default: an empty cache)")
+    p.add_argument("--warm-repeat", type=int_in(1, MAX_WARM_REPEAT), default=1, metavar="R",
+                   help=f"fill the global cache with the --warm responses R times over, 1 to {MAX_WARM_REPEAT} "
+                        f"(default: %(default)s)")
+    for flag, metavar, low, what in BOUNDS:
+        p.add_argument(flag, type=int_in(low, BIG), metavar=metavar,
+                       help=f"{what}, in place of the gate's value (default: the gate's)")
     p.add_argument("--draft-threads", type=int, default=1, metavar="N",
                    help=f"threads each step's drafts run on, 1 to {MAX_DRAFT_THREADS} (needs --clock wall when more "
                         f"than 1) (default: %(default)s)")
@@ -264,6 +287,10 @@ def main(argv=None) -> int:
     batches = _ints(p, "--batch", a.batch, 1) if a.batch else []
     sources = {s.strip() for s in a.sources.split(",")} if a.sources else None
     gate = Gate(a.gate)
+    bounds = {flag[2:].replace("-", "_"): getattr(a, flag[2:].replace("-", "_")) for flag, *_ in BOUNDS}
+    drafter_config = dataclasses.replace(gate.spec.drafter, **{k: v for k, v in bounds.items() if v is not None})
+    if a.warm_repeat > 1 and not a.warm:
+        p.error("--warm-repeat needs --warm")
     siblings = _ints(p, "--cache-siblings", a.cache_siblings, 0) if a.cache_siblings else [gate.rule.cache_siblings]
     rules = [dataclasses.replace(gate.rule, cache_siblings=v) for v in siblings]
     model = gate.spec.verify
@@ -282,7 +309,7 @@ def main(argv=None) -> int:
     warm = []
     if a.warm:
         timed_convs = {r.conv_id for r in records}
-        warm = read(a.warm, lambda r: r.conv_id not in timed_convs, "--warm: ")
+        warm = read(a.warm, lambda r: r.conv_id not in timed_convs, "--warm: ") * a.warm_repeat
         if not warm:
             p.error("--warm: no responses outside the conversations of TRACES")
         other = next((r.tokenizer for r in warm if r.tokenizer != records[0].tokenizer), None)
@@ -294,14 +321,14 @@ def main(argv=None) -> int:
                                                  served=model.shape)
 
     def stepper(rule, scorer=gate, step=cost) -> TimedStepper:
-        drafter = create_drafter("native", gate.spec.drafter, threads=a.draft_threads)
+        drafter = create_drafter("native", drafter_config, threads=a.draft_threads)
         fill_cache(drafter, warm)
         return TimedStepper(HVDStepper(drafter, scorer, model.shape, rule=rule, step=step), CLOCKS[a.clock])
 
     rows = []
     if not a.no_sequential:
         t = time.perf_counter()
-        result = simulate(records, create_drafter("native", gate.spec.drafter), [GatePolicy(gate, gate.rule)], model,
+        result = simulate(records, create_drafter("native", drafter_config), [GatePolicy(gate, gate.rule)], model,
                           prefill_first=True)
         rows.append((f"sequential (S {gate.rule.cache_siblings})",
                      result.overall.policy("hvd").to_json()["cycles_per_1k"], time.perf_counter() - t, None))
@@ -331,10 +358,16 @@ def main(argv=None) -> int:
         t.name for t in cost.tiers)
     threads = "" if a.draft_threads == 1 else f", drafts on {a.draft_threads} threads"
     print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}, hvd: {decision}{threads}")
+    c = drafter_config
+    whose = "the gate's" if all(v is None for v in bounds.values()) else "set by flags"
+    print(f"drafter bounds ({whose}): max_occurrences {c.max_occurrences:,}, max_scan {c.scan_limit:,}, "
+          f"global_max_tokens {c.global_max_tokens:,}")
     warm_tokens = sum(len(r.output_ids) for r in warm)
     if warm:
+        times = "" if a.warm_repeat == 1 else f", {a.warm_repeat} times over"
+        kept = "" if warm_tokens <= c.global_max_tokens else f"; the oldest evicted past {c.global_max_tokens:,}"
         print(f"warm cache: {len(warm)} responses ({warm_tokens:,} tokens) from "
-              f"{', '.join(a.warm)} in the global cache at each fleet and fixed-batch run's start")
+              f"{', '.join(a.warm)}{times} in the global cache at each fleet and fixed-batch run's start{kept}")
     if rows:
         print(f"{'replay':<22} {'hvd cycles/1k':>13} {'seconds':>8} {'plan us/step':>12} {'host us/step':>12}"
               f"  ({a.clock} time)")
@@ -365,8 +398,10 @@ def main(argv=None) -> int:
         if host_cost is not None:
             out["host_cost"] = dataclasses.asdict(host_cost)
         out["draft_threads"] = a.draft_threads
+        out["drafter_bounds"] = {"max_occurrences": c.max_occurrences, "max_scan": c.scan_limit,
+                                 "global_max_tokens": c.global_max_tokens}
         if warm:
-            out["warm_cache"] = {"traces": a.warm, "responses": len(warm),
+            out["warm_cache"] = {"traces": a.warm, "repeat": a.warm_repeat, "responses": len(warm),
                                  "tokens": warm_tokens}
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
