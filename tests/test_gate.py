@@ -251,6 +251,29 @@ def test_eval_plot_and_json(demo_dir, tmp_path):
     assert set(data["overall"]["gate"]) >= {"precision_at_6", "recall_at_6", "mae", "cache_pick_rate"}
 
 
+def test_eval_bounds_the_drafter_as_a_server_can(demo_dir, tmp_path, capsys):
+    """--max-occurrences / --max-scan / --global-max-tokens replace the gate's resource bounds in every drafter of the
+    run (a server's --hvd-max-occurrences and the like); the other drafter settings stay the gate's."""
+    traces, gate = os.path.join(demo_dir, "traces.jsonl"), os.path.join(demo_dir, "gate")
+    figures = {}
+    for name, flags in (("gate's", []), ("one occurrence", ["--max-occurrences", "1", "--max-scan", "1"])):
+        out = tmp_path / "e.json"
+        assert hvd(["eval", traces, "--gate", gate, "--held-out", "--policies", "cache_only,hvd", *flags,
+                    "--json", str(out)]) == 0
+        figures[name] = json.loads(out.read_text())
+    text = capsys.readouterr().out
+    assert "drafter bounds set by flags: max_occurrences 1 (the gate's 1,024), max_scan 1 (the gate's 4,096)" in text
+    assert figures["gate's"]["drafter_bounds"] == {"global_max_tokens": 2_000_000, "max_occurrences": 1024,
+                                                   "max_scan": 4096}
+    assert figures["one occurrence"]["drafter_bounds"] == {"global_max_tokens": 2_000_000, "max_occurrences": 1,
+                                                           "max_scan": 1}
+    cache_only = [f["overall"]["policies"]["cache_only"]["cycles_per_1k"] for f in figures.values()]
+    assert cache_only[0] != cache_only[1]  # a draft walked from one occurrence is another draft
+    with pytest.raises(SystemExit) as e:  # argparse
+        hvd(["eval", traces, "--gate", gate, "--max-scan", "nan"])
+    assert e.value.code == 2 and "--max-scan: expected an integer in [1, " in capsys.readouterr().err
+
+
 def test_gate_spec_round_trips_through_json():
     from sglang_hvd.gate_spec import GateSpec, GateSplit
 

@@ -65,7 +65,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sglang_hvd.cli.common import int_in
-from sglang_hvd.cli.options import BIG
+from sglang_hvd.cli.options import BOUND_FLAGS, add_bound_flags, bounds_from_flags
 from sglang_hvd.cost_rule import CostRule, StepMode
 from sglang_hvd.decision import BatchPlan
 from sglang_hvd.drafter import create_drafter
@@ -81,12 +81,6 @@ from sglang_hvd.tiers import Tier, served_tiers
 from sglang_hvd.trace import iter_traces
 
 MAX_WARM_REPEAT = 100
-# the drafter's resource bounds a run may replace: (flag, least value, what it bounds); the field is the flag's name
-BOUNDS = (("--max-occurrences", "K", 1, "walk each occurrence set from its newest K (max_occurrences)"),
-          ("--max-scan", "M", 1, "scan at most the newest M occurrences of the context's last two tokens (max_scan; "
-                                 "at least K)"),
-          ("--global-max-tokens", "T", 0, "keep at most T tokens of responses in the global cache, the oldest "
-                                          "evicted (global_max_tokens)"))
 PARTS = ("start", "sync", "plan", "verified", "finish")
 # plan's own parts: the step's appends (the tokens synced since the last step, into the drafter),
 # its drafts (chains and row trees: the drafter's batch calls) and the decision (the rest: features,
@@ -264,13 +258,11 @@ def main(argv=None) -> int:
     p.add_argument("--warm-repeat", type=int_in(1, MAX_WARM_REPEAT), default=1, metavar="R",
                    help=f"fill the global cache with the --warm responses R times over, 1 to {MAX_WARM_REPEAT} "
                         f"(default: %(default)s)")
-    for flag, metavar, low, what in BOUNDS:
-        p.add_argument(flag, type=int_in(low, BIG), metavar=metavar,
-                       help=f"{what}, in place of the gate's value (default: the gate's)")
     p.add_argument("--draft-threads", type=int, default=1, metavar="N",
                    help=f"threads each step's drafts run on, 1 to {MAX_DRAFT_THREADS} (needs --clock wall when more "
                         f"than 1) (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write the figures here")
+    add_bound_flags(p)
     a = p.parse_args(argv)
     if not 1 <= a.draft_threads <= MAX_DRAFT_THREADS:
         p.error(f"--draft-threads: must be in [1, {MAX_DRAFT_THREADS}], got {a.draft_threads}")
@@ -287,8 +279,7 @@ def main(argv=None) -> int:
     batches = _ints(p, "--batch", a.batch, 1) if a.batch else []
     sources = {s.strip() for s in a.sources.split(",")} if a.sources else None
     gate = Gate(a.gate)
-    bounds = {flag[2:].replace("-", "_"): getattr(a, flag[2:].replace("-", "_")) for flag, *_ in BOUNDS}
-    drafter_config = dataclasses.replace(gate.spec.drafter, **{k: v for k, v in bounds.items() if v is not None})
+    drafter_config = bounds_from_flags(a, gate.spec.drafter)
     if a.warm_repeat > 1 and not a.warm:
         p.error("--warm-repeat needs --warm")
     siblings = _ints(p, "--cache-siblings", a.cache_siblings, 0) if a.cache_siblings else [gate.rule.cache_siblings]
@@ -359,7 +350,7 @@ def main(argv=None) -> int:
     threads = "" if a.draft_threads == 1 else f", drafts on {a.draft_threads} threads"
     print(f"{len(records)} requests, verify {model.shape.describe()}, gate {a.gate}, hvd: {decision}{threads}")
     c = drafter_config
-    whose = "the gate's" if all(v is None for v in bounds.values()) else "set by flags"
+    whose = "the gate's" if c == gate.spec.drafter else "set by flags"
     print(f"drafter bounds ({whose}): max_occurrences {c.max_occurrences:,}, max_scan {c.scan_limit:,}, "
           f"global_max_tokens {c.global_max_tokens:,}")
     warm_tokens = sum(len(r.output_ids) for r in warm)
@@ -398,8 +389,7 @@ def main(argv=None) -> int:
         if host_cost is not None:
             out["host_cost"] = dataclasses.asdict(host_cost)
         out["draft_threads"] = a.draft_threads
-        out["drafter_bounds"] = {"max_occurrences": c.max_occurrences, "max_scan": c.scan_limit,
-                                 "global_max_tokens": c.global_max_tokens}
+        out["drafter_bounds"] = {name: getattr(c, name) for name in BOUND_FLAGS} | {"max_scan": c.scan_limit}
         if warm:
             out["warm_cache"] = {"traces": a.warm, "repeat": a.warm_repeat, "responses": len(warm),
                                  "tokens": warm_tokens}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from ..decision import DecisionRule
@@ -29,7 +30,10 @@ from .common import (
 )
 from .eval_load import add_load_flags
 from .options import (
+    BOUND_FLAGS,
+    add_bound_flags,
     add_verify_flags,
+    bounds_from_flags,
     gate_threshold,
     gate_thresholds,
     row_nodes,
@@ -84,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="thresholds of the --plot sweep (default: %s)"
                    % ",".join(f"{t:g}" for t in DEFAULT_GATE_THRESHOLDS))
     add_verify_flags(p, gate_default="gate")
+    add_bound_flags(p)
     add_load_flags(p)
     add_skip_invalid_flag(p)
     add_json_flag(p)
@@ -102,7 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_entry("eval", build_parser)
 def main(args: argparse.Namespace) -> int:
     gate = Gate(args.gate, threshold=args.threshold)
+    theirs = gate.drafter_config
+    gate.spec = dataclasses.replace(gate.spec, drafter=bounds_from_flags(args, theirs))  # every drafter of the run's
     spec = gate.spec
+    bounds = {name: getattr(spec.drafter, name) for name in BOUND_FLAGS}
+    if spec.drafter != theirs:
+        print("drafter bounds set by flags: " + ", ".join(f"{k} {v:,} (the gate's {getattr(theirs, k):,})"
+                                                          for k, v in bounds.items() if v != getattr(theirs, k)))
     decision = DecisionRule(gate.rule.threshold,
                             gate.rule.eagle_reserve if args.eagle_reserve is None else args.eagle_reserve,
                             gate.rule.cache_siblings if args.cache_siblings is None else args.cache_siblings)
@@ -143,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
             raise HvdInputError("--plot sweeps sequential replay; leave it out with --concurrency")
         gate.rule = decision  # the flags' overrides, served by every hvd policy
         out = eval_load.run(args, gate, model, profile, records,
-                            {**decision.to_json(), "verify": model.to_json()})
+                            {**decision.to_json(), "verify": model.to_json(), "drafter_bounds": bounds})
         if report.num_skipped:
             print(report.summary())
         eval_load.write(args.json, out)
@@ -160,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
     costs = spec.costs
     out = {"overall": {**result.overall.to_json(), **_gate_json(hvd, result.overall)}, "sources": {},
            **decision.to_json(), "rule_threshold": rule,
-           "verify": model.to_json()}
+           "verify": model.to_json(), "drafter_bounds": bounds}
     header = ("policy",) + COLUMNS + ("time/1k",)
     for name, tally in sorted(result.sources.items()):
         out["sources"][name] = {**tally.to_json(), **_gate_json(hvd, tally, name)}

@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any, TypeVar
 
-from ..drafter.protocol import DrafterConfig
+from ..drafter.protocol import RESOURCE_BOUNDS, DrafterConfig
 from ..errors import HvdInputError
 from ..verify import Eagle3Curve, VerifyModel, VerifyShape
 from .common import float_in, float_list_in, int_in
@@ -142,6 +142,32 @@ def drafter_from_flags(args: argparse.Namespace, base: DrafterConfig | None = No
                                     "(the gate's settings are used) or train a gate with it")
         config = base
     return create_drafter(args.drafter, config)
+
+
+# The drafter's resource bounds (protocol.RESOURCE_BOUNDS), which a server may set apart from its gate's
+# (--hvd-max-occurrences, ...): field -> (metavar, least value, what the flag does).
+BOUND_FLAGS: dict[str, tuple[str, int, str]] = {
+    "global_max_tokens": ("T", 0, "keep at most T tokens of responses in the global cache, the oldest evicted"),
+    "max_occurrences": ("K", 1, "walk each occurrence set from its newest K occurrences"),
+    "max_scan": ("M", 1, "look for patterns of two tokens and more among the newest M occurrences of the "
+                         "context's last two tokens (at least K)"),
+}
+assert tuple(BOUND_FLAGS) == RESOURCE_BOUNDS
+
+
+def add_bound_flags(parser: argparse.ArgumentParser) -> None:
+    """The drafter's resource bounds as flags that replace a gate's values, as a server's flags do."""
+    group = parser.add_argument_group("cache drafter bounds (in place of the gate's, as a server's "
+                                      "--hvd-max-occurrences and the like)")
+    for name, (metavar, least, text) in BOUND_FLAGS.items():
+        group.add_argument(_flag("", name), dest=name, type=int_in(least, BIG), metavar=metavar,
+                           help=f"{text} ({name}; default: the gate's)")
+
+
+def bounds_from_flags(args: argparse.Namespace, base: DrafterConfig) -> DrafterConfig:
+    """``base`` (a gate's drafter settings) with the bounds the flags set."""
+    given = {name: getattr(args, name) for name in BOUND_FLAGS if getattr(args, name, None) is not None}
+    return dataclasses.replace(base, **given) if given else base
 
 
 def add_verify_flags(parser: argparse.ArgumentParser, gate_default: str = "",
