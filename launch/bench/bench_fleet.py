@@ -65,7 +65,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sglang_hvd.cli.common import int_in
-from sglang_hvd.cli.options import BOUND_FLAGS, add_bound_flags, bounds_from_flags
+from sglang_hvd.cli.options import add_bound_flags, bounds_from_flags, bounds_of
 from sglang_hvd.cost_rule import CostRule, StepMode
 from sglang_hvd.decision import BatchPlan
 from sglang_hvd.drafter import create_drafter
@@ -389,7 +389,7 @@ def main(argv=None) -> int:
         if host_cost is not None:
             out["host_cost"] = dataclasses.asdict(host_cost)
         out["draft_threads"] = a.draft_threads
-        out["drafter_bounds"] = {name: getattr(c, name) for name in BOUND_FLAGS} | {"max_scan": c.scan_limit}
+        out["drafter_bounds"] = bounds_of(c)
         if warm:
             out["warm_cache"] = {"traces": a.warm, "repeat": a.warm_repeat, "responses": len(warm),
                                  "tokens": warm_tokens}

@@ -30,10 +30,10 @@ from .common import (
 )
 from .eval_load import add_load_flags
 from .options import (
-    BOUND_FLAGS,
     add_bound_flags,
     add_verify_flags,
     bounds_from_flags,
+    bounds_of,
     gate_threshold,
     gate_thresholds,
     row_nodes,
@@ -110,10 +110,10 @@ def main(args: argparse.Namespace) -> int:
     theirs = gate.drafter_config
     gate.spec = dataclasses.replace(gate.spec, drafter=bounds_from_flags(args, theirs))  # every drafter of the run's
     spec = gate.spec
-    bounds = {name: getattr(spec.drafter, name) for name in BOUND_FLAGS}
-    if spec.drafter != theirs:
-        print("drafter bounds set by flags: " + ", ".join(f"{k} {v:,} (the gate's {getattr(theirs, k):,})"
-                                                          for k, v in bounds.items() if v != getattr(theirs, k)))
+    bounds, gates = bounds_of(spec.drafter), bounds_of(theirs)
+    if bounds != gates:
+        print("drafter bounds set by flags: " + ", ".join(f"{k} {v:,} (the gate's {gates[k]:,})"
+                                                          for k, v in bounds.items() if v != gates[k]))
     decision = DecisionRule(gate.rule.threshold,
                             gate.rule.eagle_reserve if args.eagle_reserve is None else args.eagle_reserve,
                             gate.rule.cache_siblings if args.cache_siblings is None else args.cache_siblings)

@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any, TypeVar
 
-from ..drafter.protocol import RESOURCE_BOUNDS, DrafterConfig
+from ..drafter.protocol import DrafterConfig
 from ..errors import HvdInputError
 from ..verify import Eagle3Curve, VerifyModel, VerifyShape
 from .common import float_in, float_list_in, int_in
@@ -152,7 +152,6 @@ BOUND_FLAGS: dict[str, tuple[str, int, str]] = {
     "max_scan": ("M", 1, "look for patterns of two tokens and more among the newest M occurrences of the "
                          "context's last two tokens (at least K)"),
 }
-assert tuple(BOUND_FLAGS) == RESOURCE_BOUNDS
 
 
 def add_bound_flags(parser: argparse.ArgumentParser) -> None:
@@ -168,6 +167,12 @@ def bounds_from_flags(args: argparse.Namespace, base: DrafterConfig) -> DrafterC
     """``base`` (a gate's drafter settings) with the bounds the flags set."""
     given = {name: getattr(args, name) for name in BOUND_FLAGS if getattr(args, name, None) is not None}
     return dataclasses.replace(base, **given) if given else base
+
+
+def bounds_of(config: DrafterConfig) -> dict[str, int]:
+    """The bounds a drafter of ``config`` works within (max_scan as searched: at least max_occurrences)."""
+    return {"global_max_tokens": config.global_max_tokens, "max_occurrences": config.max_occurrences,
+            "max_scan": config.scan_limit}
 
 
 def add_verify_flags(parser: argparse.ArgumentParser, gate_default: str = "",
