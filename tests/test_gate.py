@@ -253,7 +253,7 @@ def test_eval_plot_and_json(demo_dir, tmp_path):
 
 def test_eval_bounds_the_drafter_as_a_server_can(demo_dir, tmp_path, capsys):
     """--max-occurrences / --max-scan / --global-max-tokens replace the gate's resource bounds in every drafter of the
-    run (a server's --hvd-max-occurrences and the like); the other drafter settings stay the gate's."""
+    run, as a server's --hvd-max-occurrences and the like do."""
     from sglang_hvd.cli.options import BOUND_FLAGS
     from sglang_hvd.drafter.protocol import RESOURCE_BOUNDS
 
