@@ -375,10 +375,11 @@ def fit_verify(samples: Sequence[VerifySample]) -> ForwardCost:
     return ForwardCost(float(fixed), float(per_tok), float(knee), float(per_ctx), float(per_row))
 
 
-def fit_draft(samples: Sequence[DraftSample], extend_ms: float) -> DraftCost:
-    """The draft forwards' constants from samples of S steps at topk K; ``extend_ms``: the
-    extend's measured fixed part (its per-token and context constants are left the draft
-    steps': ``fit_extend`` fits its own)."""
+def fit_draft(samples: Sequence[DraftSample], extend_ms: float, extend_per_token_ms: float | None = None,
+              extend_per_context_token_ms: float | None = None) -> DraftCost:
+    """The draft forwards' constants from samples of S steps at topk K; the extend's are kept as
+    given: ``extend_ms`` its fixed part, and its per-token and context constants (None: the
+    draft steps' fitted here; ``fit_extend`` fits its own)."""
     if len(samples) < 2:
         raise ValueError(f"fitting a draft cost needs >= 2 samples, got {len(samples)}")
     s = np.array([max(x.steps - 1, 0) for x in samples], dtype=np.float64)  # draft forwards
@@ -389,7 +390,8 @@ def fit_draft(samples: Sequence[DraftSample], extend_ms: float) -> DraftCost:
     b = np.array([x.batch for x in samples], dtype=np.float64)
     c, _ = _nnls(np.stack([np.ones_like(y), s, s * bk, s * ctx, b], axis=1) * w[:, None], y * w)
     fixed, per_step, per_token, per_ctx, per_row = (float(v) for v in c)
-    return DraftCost(fixed, per_step, per_token, per_ctx, extend_ms=float(extend_ms), per_row_ms=per_row)
+    return DraftCost(fixed, per_step, per_token, per_ctx, extend_ms=float(extend_ms), per_row_ms=per_row,
+                     extend_per_token_ms=extend_per_token_ms, extend_per_context_token_ms=extend_per_context_token_ms)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

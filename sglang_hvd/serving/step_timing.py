@@ -191,11 +191,9 @@ def fit_profile(base: StepProfile, timings, name: str) -> StepProfile:
         verify = fit_verify([VerifySample(t.batch, t.tokens_per_row, t.context_tokens, t.verify_ms) for t in timings
                              if t.verify_ms > 0])
     if "draft" in terms:  # the draft forwards refitted; the extend's constants stay the served ones until fit_extend
-        eagle3 = dataclasses.replace(
-            fit_draft([DraftSample(t.batch, t.draft_steps, t.topk, t.context_tokens, t.draft_ms)
-                       for t in timings if t.draft_steps and t.draft_ms > 0], eagle3.extend_ms),
-            extend_per_token_ms=eagle3.extend_per_token_ms,
-            extend_per_context_token_ms=eagle3.extend_per_context_token_ms)
+        eagle3 = fit_draft([DraftSample(t.batch, t.draft_steps, t.topk, t.context_tokens, t.draft_ms)
+                            for t in timings if t.draft_steps and t.draft_ms > 0], eagle3.extend_ms,
+                           eagle3.extend_per_token_ms, eagle3.extend_per_context_token_ms)
     if "extend" in terms:
         eagle3 = fit_extend([ExtendSample(t.batch, t.context_tokens, t.extend_ms) for t in timings if t.extend_ms > 0],
                             eagle3)
