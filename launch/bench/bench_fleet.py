@@ -264,6 +264,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="OUT", help="write the figures here")
     add_bound_flags(p)
     a = p.parse_args(argv)
+    if a.warm_repeat > 1 and not a.warm:
+        p.error("--warm-repeat needs --warm")
     if not 1 <= a.draft_threads <= MAX_DRAFT_THREADS:
         p.error(f"--draft-threads: must be in [1, {MAX_DRAFT_THREADS}], got {a.draft_threads}")
     if a.draft_threads > 1 and a.clock != "wall":
@@ -280,8 +282,6 @@ def main(argv=None) -> int:
     sources = {s.strip() for s in a.sources.split(",")} if a.sources else None
     gate = Gate(a.gate)
     drafter_config = bounds_from_flags(a, gate.spec.drafter)
-    if a.warm_repeat > 1 and not a.warm:
-        p.error("--warm-repeat needs --warm")
     siblings = _ints(p, "--cache-siblings", a.cache_siblings, 0) if a.cache_siblings else [gate.rule.cache_siblings]
     rules = [dataclasses.replace(gate.rule, cache_siblings=v) for v in siblings]
     model = gate.spec.verify
