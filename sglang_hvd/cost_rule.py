@@ -106,11 +106,9 @@ class CostRule:
         object.__setattr__(self, "modes", tuple(modes))
         served = self.served or max((t.shape for t in self.tiers if t.shape is not None),
                                     key=lambda v: (v.nodes, v.steps), default=None)
-        by_nodes = [self.eagle3_curve.tokens(m) for m in range(MAX_TREE_NODES + 1)]
-        table = []
-        for m in modes:
-            cap = eagle3_cap(m.tier, served)
-            table.append([by_nodes[min(k, cap)] for k in range(MAX_TREE_NODES + 1)])
+        by_nodes = np.array(self.eagle3_curve.tokens_upto(MAX_TREE_NODES))
+        every = np.arange(MAX_TREE_NODES + 1)
+        table = [by_nodes[np.minimum(every, eagle3_cap(m.tier, served))] for m in modes]
         object.__setattr__(self, "eagle3_tokens", np.array(table))
         object.__setattr__(self, "kinds", np.array([m.kind for m in modes]))
         object.__setattr__(self, "nodes", np.array([min(m.tier.draft_nodes, MAX_TREE_NODES) for m in modes]))

@@ -194,10 +194,13 @@ def serve_fleet(conversations: Sequence[Sequence[TraceRecord]], stepper: Planner
             accepted = len(row_path(plans.cache_tokens[i, : plan.cache_len].tolist(),
                                     plans.cache_parents[i, : plan.cache_len].tolist(),
                                     r.output_ids[pos : pos + plan.cache_len].tolist()))
-            out = min(model.out_len(plan, accepted, stream, cap), len(r.output_ids) - pos)
+            verified = model.out_len(plan, accepted, stream, cap)  # the tokens the verify gives
+            out = min(verified, len(r.output_ids) - pos)  # those the response keeps
             sources[r.source].policy(policy).add_step(plan, out, accepted, row_ms)
             emitted[rid].extend(r.output_ids[pos : pos + out].tolist())
-            accepts[i] = out - 1
+            # a server's accepted lengths are the verify's, not cut at the response's end (SGLang cuts the output
+            # after on_verify_complete_cpu): the EAGLE3 yield the stepper learns from them is not biased low
+            accepts[i] = verified - 1
             if on_step is not None:
                 on_step(FleetStep(rid, pos, plan, float(plans.predicted[i]), out))
         batch_sizes.append(len(rids))

@@ -111,7 +111,7 @@ class StepStats:
     modelled_ms: float = 0.0  # the steps' time under a cost rule's profile (0 without one)
 
 
-EAGLE3_REFRESH_STEPS = 256
+EAGLE3_REFRESH_STEPS = 8  # how often the EAGLE3 yield is checked for a move worth a new curve
 
 
 class HVDStepper:
@@ -140,8 +140,8 @@ class HVDStepper:
         self._gate_error_logged = False
         self.context_tokens = 0  # the last planned step's context tokens (plan)
         self.cycle: tuple[StepMode, ...] = ()  # the tier-cycle diagnostic: these modes in turn, one per step
-        # a cost rule values EAGLE3 rows by the curve the verifies show (eagle3_yield.py), refreshed every
-        # EAGLE3_REFRESH_STEPS steps
+        # a cost rule values EAGLE3 rows by the curve the verifies show (eagle3_yield.py), checked every
+        # EAGLE3_REFRESH_STEPS steps and refreshed when a point moved
         self.eagle3_yield = Eagle3Yield(step.eagle3_curve) if isinstance(step, CostRule) else None
         # modelled_ms times every step by the cost rule's profile as given (not by an online refit of it)
         self.time_profile = step.profile if isinstance(step, CostRule) else None
@@ -351,8 +351,7 @@ class HVDStepper:
 
     def _refresh_eagle3(self) -> None:
         """The cost rule's EAGLE3 curve, from the EAGLE3 rows verified so far."""
-        if isinstance(self.step, CostRule) and self.eagle3_yield.version:
-            self.eagle3_yield.version = 0
+        if isinstance(self.step, CostRule) and self.eagle3_yield.stale():
             curve = self.eagle3_yield.curve()
             if curve != self.step.eagle3_curve:
                 self.step = dataclasses.replace(self.step, eagle3_curve=curve)
