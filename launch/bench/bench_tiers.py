@@ -12,7 +12,11 @@ EAGLE3 at topk 1 (1-3-4), and a gate for that shape trained on the synthetic wor
 
   (a) profile   a --hvd-tier-cycle server with --hvd-timings; `hvd profile` sends it load at
                 --profile-concurrency x --profile-prompt-tokens and fits a step-time profile
-                to the cell medians (its held-back errors are printed). Skipped with --profile.
+                to the cell medians (its held-back errors are printed). One profile per
+                cost-aware configuration, each measured with the flags it serves with:
+                hvd_cost_skip's cycle runs --hvd-skip-idle-extend too (on a CPU a verify
+                times differently with and without the draft model's extend beside it).
+                Skipped with --profile (every configuration serves that one).
   (b) serve     one server per configuration, shared by every --batch, all of them up at
                 once (an idle one sleeps: --sleep-on-idle) and served in turn, a round of one
                 configuration after a round of the next, so a slow stretch of the machine
@@ -34,8 +38,8 @@ Tokens/s = output tokens / wall seconds of a round (first request sent to last a
 The HVD servers time their decode steps (--hvd-timings, in --work-dir): per round, the
 steps by verify width and their median wall time are printed; with --calibration, also
 the gate's mean predicted payoff for the drafts it judged against the realized one.
-Every output must equal greedy's at the same batch (exit 1 otherwise). Ratios: hvd_cost's
-tokens/s over each other configuration's, at each batch, both rounds together. Figures are
+Every output must equal greedy's at the same batch (exit 1 otherwise). Ratios: each cost-aware
+configuration's tokens/s over each other configuration's, at each batch, both rounds together. Figures are
 printed, never asserted; the machine's other load shows in them.
 """
 
@@ -66,6 +70,7 @@ from sglang_hvd.verify import TOPK1_SHAPE
 PROG = "bench_tiers"
 CONFIGS = ("greedy", "adaptive", "hvd_blind", "hvd_cost", "hvd_cost_skip")
 HVD_CONFIGS = ("hvd_blind", "hvd_cost", "hvd_cost_skip")
+SERVED_FLAGS = {"hvd_cost": [], "hvd_cost_skip": ["--hvd-skip-idle-extend"]}  # the cost-aware configurations' own
 ROUNDS = 2
 HVD_FIGURES = ("steps", "cache_pick_rate", "cache_mean_accept", "eagle3_mean_accept", "drafts_skipped",
                "cpu_us_per_step", "profile_error_verify", "profile_error_step")
@@ -93,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", default=",".join(CONFIGS), metavar="C,...",
                    help=f"configurations to serve, greedy always included (default: {','.join(CONFIGS)})")
     p.add_argument("--profile", metavar="PROFILE",
-                   help="serve hvd_cost with this profile file and skip step (a) (default: measure one)")
+                   help="serve the cost-aware configurations with this profile file and skip step (a) "
+                        "(default: measure one for each, with the flags it serves with)")
     p.add_argument("--profile-concurrency", type=int_list_in(1, 256), metavar="C,...",
                    help="hvd profile's concurrencies (default: 1,2,4,... up to the largest --batch)")
     p.add_argument("--profile-prompt-tokens", type=int_list_in(8, 4096), default=(64, 256), metavar="P,...",
@@ -183,10 +189,8 @@ def server_args(config: str, draft: str, gate: str, profile: str | None, max_bat
     if config == "adaptive":
         return args + ["--speculative-adaptive"], "sglang.launch_server"
     args += ["--hvd-gate", gate, "--hvd-drafter", "native"]
-    if config in ("hvd_cost", "hvd_cost_skip"):
-        args += ["--hvd-profile", profile]
-    if config == "hvd_cost_skip":
-        args += ["--hvd-skip-idle-extend"]
+    if config in SERVED_FLAGS:
+        args += ["--hvd-profile", profile] + SERVED_FLAGS[config]
     return args, "sglang_hvd.launch_server"
 
 
@@ -197,16 +201,19 @@ def hvd_state(server) -> dict:
     return {}
 
 
-def measure_profile(a, target: str, draft: str, gate: str, work: str) -> tuple[str, dict]:
-    """Step (a): a tier-cycle server, ``hvd profile`` against it; (profile path, its report)."""
-    timings, out = os.path.join(work, "cycle_steps.jsonl"), os.path.join(work, "cpu_profile.json")
-    report = os.path.join(work, "cpu_profile_report.json")
+def measure_profile(a, target: str, draft: str, gate: str, work: str, config: str) -> tuple[str, dict]:
+    """Step (a) for cost-aware ``config``: a tier-cycle server with the flags ``config``
+    serves with, ``hvd profile`` against it; (profile path, its report)."""
+    tag = "" if config == "hvd_cost" else f"_{config.removeprefix('hvd_cost_')}"
+    timings, out = os.path.join(work, f"cycle_steps{tag}.jsonl"), os.path.join(work, f"cpu_profile{tag}.json")
+    report = os.path.join(work, f"cpu_profile{tag}_report.json")
     if os.path.exists(timings):
         os.remove(timings)
     args, _ = server_args("hvd_blind", draft, gate, None, max(a.profile_concurrency))
-    args += ["--hvd-tier-cycle", "--hvd-timings", timings]
-    log(f"(a) tier-cycle server for hvd profile (concurrency {','.join(map(str, a.profile_concurrency))}, "
-        f"prompts {','.join(map(str, a.profile_prompt_tokens))} tokens)")
+    args += ["--hvd-tier-cycle", "--hvd-timings", timings] + SERVED_FLAGS[config]
+    log(f"(a) tier-cycle server for {config}'s profile (concurrency {','.join(map(str, a.profile_concurrency))}, "
+        f"prompts {','.join(map(str, a.profile_prompt_tokens))} tokens{', ' if SERVED_FLAGS[config] else ''}"
+        f"{' '.join(SERVED_FLAGS[config])})")
     with harness.start_server(target, args, log_dir=work, launcher="sglang_hvd.launch_server") as server:
         log(f"    started in {server.start_seconds:.0f} s")
         rc = hvd_profile.main(["--url", server.url, "--timings", timings, "-o", out, "--json", report,
@@ -332,10 +339,13 @@ def run(a: argparse.Namespace) -> int:
     gate = a.gate or GateFactory(os.path.join(work, "gates"), train)(1, 3, 4)
     log(f"gate {gate} ({time.time() - started:.0f} s)")
 
-    profile_report = None
-    if {"hvd_cost", "hvd_cost_skip"} & set(a.configs) and not a.profile:
-        a.profile, profile_report = measure_profile(a, target, draft, gate, work)
-        held = profile_report["held_back_error"]
+    profiles, profile_reports = {}, {}  # per cost-aware configuration: the profile it serves, its report
+    for config in (c for c in a.configs if c in SERVED_FLAGS):
+        if a.profile:
+            profiles[config] = a.profile
+            continue
+        profiles[config], profile_reports[config] = measure_profile(a, target, draft, gate, work, config)
+        held = profile_reports[config]["held_back_error"]
         log("    held-back error: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in held.items()))
 
     requests = make_requests(a.seed, a.requests, a.new_tokens, a.vocab)
@@ -343,7 +353,7 @@ def run(a: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         servers = {}
         for config in a.configs:
-            args, launcher = server_args(config, draft, gate, a.profile, max(a.batch))
+            args, launcher = server_args(config, draft, gate, profiles.get(config), max(a.batch))
             if config in HVD_CONFIGS:  # each decode step's parts and wall time (by_width), a line per step
                 timings = steps_file(work, config)
                 if os.path.exists(timings):
@@ -358,14 +368,14 @@ def run(a: argparse.Namespace) -> int:
             for config, res in serve_in_turn(servers, requests, batch, work).items():
                 results[config]["batches"][batch] = res
 
-    report = summarize(a, results, profile_report, time.time() - started)
+    report = summarize(a, results, profiles, profile_reports, time.time() - started)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)
     return 0 if report["lossless"] else 1
 
 
-def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -> dict:
+def summarize(a, results: dict, profiles: dict, profile_reports: dict, elapsed_s: float) -> dict:
     """Print the tables; the JSON report (outputs left out)."""
     greedy = results["greedy"]["batches"]
     lossless = {c: {b: all(r["outputs"] == g["outputs"] for r, g in zip(res["rounds"], greedy[b]["rounds"]))
@@ -379,10 +389,10 @@ def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -
                          per_verify,
                          "yes" if lossless[c][b] else "NO",
                          ", ".join(f"{m} {n}" for m, n in (r.get("modes") or {}).items()) or "-"))
-    if profile_report:
+    for config, report in profile_reports.items():
         print(format_table(("term", "held-back error"),
-                           [(k, f"{100 * v:.1f}%") for k, v in profile_report["held_back_error"].items()],
-                           title=f"\n(a) CPU profile: {profile_report['steps']:,} steps in {profile_report['cells']} "
+                           [(k, f"{100 * v:.1f}%") for k, v in report["held_back_error"].items()],
+                           title=f"\n(a) {config}'s CPU profile: {report['steps']:,} steps in {report['cells']} "
                                  "cells"))
     print(format_table(("config", "batch", "round 1 tok/s", "round 2 tok/s", "tok/s", "tok/verify", "lossless",
                         "decode steps by mode"),
@@ -411,16 +421,16 @@ def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -
         print(format_table(("config", "batch", "round", "decode steps by width x median wall",
                             "payoff predicted / realized (drafts)"), width_rows,
                            title="\nHVD's decode steps per round (--hvd-timings; the payoff with --calibration)"))
-    ratios = {}
-    if "hvd_cost" in results:
-        others = [c for c in results if c != "hvd_cost"]
-        ratio_rows = []
+    ratios = {}  # cost-aware configuration -> batch -> other configuration -> tokens/s ratio
+    for cost in (c for c in results if c in SERVED_FLAGS):
+        others = [c for c in results if c != cost]
+        ratio_rows, ratios[cost] = [], {}
         for b in a.batch:
-            cost = results["hvd_cost"]["batches"][b]["tokens_per_s"]
-            ratios[b] = {c: cost / results[c]["batches"][b]["tokens_per_s"] for c in others}
-            ratio_rows.append((b, *(f"{ratios[b][c]:.2f}" for c in others)))
-        print(format_table(("batch", *(f"hvd_cost / {c}" for c in others)), ratio_rows,
-                           title="\ntokens/s ratios (both rounds)"))
+            mine = results[cost]["batches"][b]["tokens_per_s"]
+            ratios[cost][b] = {c: mine / results[c]["batches"][b]["tokens_per_s"] for c in others}
+            ratio_rows.append((b, *(f"{ratios[cost][b][c]:.2f}" for c in others)))
+        print(format_table(("batch", *(f"{cost} / {c}" for c in others)), ratio_rows,
+                           title=f"\n{cost}'s tokens/s ratios (both rounds)"))
     ok = all(v for per in lossless.values() for v in per.values())
     print(f"\nlossless (every output equals greedy's): {'yes' if ok else 'NO'}; took {elapsed_s / 60:.1f} min")
     for res in results.values():
@@ -428,7 +438,7 @@ def summarize(a, results: dict, profile_report: dict | None, elapsed_s: float) -
             for x in r["rounds"]:
                 x.pop("outputs", None)
     return {"batch": list(a.batch), "requests": a.requests, "new_tokens": a.new_tokens, "seed": a.seed,
-            "vocab": a.vocab, "profile": a.profile, "profile_report": profile_report, "configs": results,
+            "vocab": a.vocab, "profiles": profiles, "profile_reports": profile_reports, "configs": results,
             "lossless": ok, "lossless_by_config": lossless, "ratios": ratios, "elapsed_s": elapsed_s}
 
 

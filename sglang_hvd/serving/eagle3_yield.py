@@ -28,7 +28,7 @@ served curve 1:1.15,3:1.25,15:1.3667.
 
 from __future__ import annotations
 
-from ..verify import Eagle3Curve
+from ..verify import MAX_TREE_NODES, Eagle3Curve
 
 
 class Eagle3Yield:
@@ -44,7 +44,7 @@ class Eagle3Yield:
         self._gain = 0.0  # weighted mean tokens - 1 of the rows
         self._expected = 0.0  # weighted mean gate(nodes) - 1 of the same rows
         self._served = 1.0  # the scale of the last curve()
-        self._by_nodes = base.tokens_upto(64)  # the gate's tokens at 0..64 nodes
+        self._by_nodes = base.tokens_upto(MAX_TREE_NODES)  # the gate's tokens at 0..MAX_TREE_NODES nodes
 
     def observe(self, nodes: int, tokens: int) -> None:
         """One EAGLE3-only row of ``nodes`` draft nodes that emitted ``tokens`` (>= 1)."""
