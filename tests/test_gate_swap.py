@@ -76,3 +76,25 @@ def test_the_stepper_serves_the_new_gate_and_starts_its_calibration_over(served,
     assert stepper.gate is new and stepper.threshold == 0.25
     assert cal.summary() == {} and cal.bucket("tau") == b  # learned offsets gone, buckets kept
     assert cal.apply(np.array([1.0]), np.array([b]))[0] == 1.0
+
+
+def test_a_cost_rule_takes_a_new_gates_eagle3_curve_and_learns_its_yield_anew(served, tmp_path):
+    from sglang_hvd.serving.factory import build_stepper
+    from sglang_hvd.verify import Eagle3Curve
+
+    current = Gate(served)
+    stepper = build_stepper(HVDServingConfig(enable=True, gate=served, profile="qwen3-8b-h200"),
+                            current.verify_model.shape)
+    for _ in range(40):
+        stepper.eagle3_yield.observe(1, 1)  # a draft that accepts nothing: scale 1/3
+    stepper._refresh_eagle3()
+    learnt = stepper.step.eagle3_curve
+    assert learnt != current.verify_model.eagle3
+    same = Gate(gate_variant(served, tmp_path / "same", decision={"threshold": 0.25}))
+    stepper.swap_gate(same)  # the same curve: what the rows showed stays
+    assert stepper.step.eagle3_curve == learnt and stepper.eagle3_yield.rows == 40
+    text = "1:1.2,3:1.4,15:1.6"
+    other = Gate(gate_variant(served, tmp_path / "other", verify={"shape": current.verify_model.shape.to_json(),
+                                                                  "eagle3_curve": text}))
+    stepper.swap_gate(other)
+    assert stepper.step.eagle3_curve == Eagle3Curve.parse(text) and stepper.eagle3_yield.rows == 0

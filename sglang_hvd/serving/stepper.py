@@ -235,10 +235,16 @@ class HVDStepper:
     def swap_gate(self, gate: ServedScorer) -> None:
         """Serve ``gate`` (checked by serving/gate_swap.py) from the next step on, with its
         rule; the online calibration starts over (it learnt the old gate's errors), and
-        drafts the old gate judged are not labelled into it."""
+        drafts the old gate judged are not labelled into it. A cost rule values EAGLE3's
+        rows by the new gate's EAGLE3 curve when it names another one (its yield learnt
+        anew against it); with the same curve, the yield learnt so far stays."""
         self.gate = gate
         self.rule = gate.rule
         self._gate_error_logged = False
+        curve = gate.verify_model.eagle3
+        if isinstance(self.step, CostRule) and curve != self.eagle3_yield.base:
+            self.eagle3_yield = Eagle3Yield(curve)
+            self.step = dataclasses.replace(self.step, eagle3_curve=curve)
         if self.calibration is not None:
             self.calibration.reset()
             for st in self._reqs.values():
