@@ -457,6 +457,8 @@ class HVDEagleWorkerV2(EAGLEWorkerV2):
                 width = self.hvd.gate.curve_width  # how the rule prices a row's widths (payoff.py)
                 gate.update(profile=step.profile.name, profile_kind=step.profile.kind,
                             eagle3_curve=step.eagle3_curve.text(),
+                            eagle3_yield_scale=round(self.hvd.eagle3_yield.scale(), 4),
+                            eagle3_yield_rows=self.hvd.eagle3_yield.rows,
                             payoff_model=f"curve of {width} widths" if width else "geometric")
             if self._hvd_refiner is not None:  # the profile in use and its error on the newest steps
                 gate.update(self._hvd_refiner.summary())

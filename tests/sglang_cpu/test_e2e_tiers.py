@@ -117,6 +117,8 @@ def test_the_tier_cycle_runs_every_mode_and_skips_eagle3s_draft_on_cache_only_st
     assert hvd["drafts_skipped"] >= cache_only > 0
     assert hvd["step_errors"] == 0 and hvd["gate_errors"] == 0
     assert hvd["cache_accepted"] > 0 and hvd["plain_rows"] > 0
+    # the tiny draft accepts (almost) nothing: the EAGLE3 curve the rule serves has lost (almost) all its gain
+    assert hvd["eagle3_yield_rows"] > 20 and hvd["eagle3_yield_scale"] < 0.2, hvd
 
 
 def test_a_profile_where_verifying_costs_more_than_it_yields_picks_no_speculation(runs):
@@ -125,6 +127,7 @@ def test_a_profile_where_verifying_costs_more_than_it_yields_picks_no_speculatio
     assert hvd["payoff_model"] == "curve of 3 widths", hvd  # the 1-3-4 gate's own payoff curve (hvd train's default)
     assert hvd["modes"] == {"off": hvd["steps"]} and hvd["steps"] > 0
     assert hvd["cache_rows"] == 0 and hvd["plain_rows"] == hvd["rows"]
+    assert hvd["eagle3_yield_rows"] == 0 and hvd["eagle3_yield_scale"] == 1.0  # no EAGLE3 row: the gate's curve
     # the server timed its steps: what no profile term times (SGLang's scheduler around the forwards) is there,
     # and a small part of the wall
     assert hvd["profile_untimed_ms"] > 0 and 0 < hvd["profile_untimed_share"] < 0.5, hvd
