@@ -138,12 +138,16 @@ class Eagle3Curve:
         """Expected tokens per verify with ``nodes`` EAGLE3 draft nodes (1.0 at 0)."""
         if nodes <= 0:
             return 1.0
-        return self._at(nodes, [0] + [n for n, _ in self.points], [1.0] + [t for _, t in self.points])
+        return self._at(nodes, *self._knots())
 
     def tokens_upto(self, nodes: int) -> list[float]:
         """``[tokens(0), tokens(1), ..., tokens(nodes)]``, the same values in one call."""
-        xs, ys = [0] + [n for n, _ in self.points], [1.0] + [t for _, t in self.points]
+        xs, ys = self._knots()
         return [1.0] + [self._at(m, xs, ys) for m in range(1, nodes + 1)]
+
+    def _knots(self) -> tuple[list[int], list[float]]:
+        """The interpolation's knots: (0, 1.0) and the points."""
+        return [0] + [n for n, _ in self.points], [1.0] + [t for _, t in self.points]
 
     @staticmethod
     def _at(nodes: int, xs: list[int], ys: list[float]) -> float:

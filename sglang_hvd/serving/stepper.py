@@ -141,7 +141,7 @@ class HVDStepper:
         self.context_tokens = 0  # the last planned step's context tokens (plan)
         self.cycle: tuple[StepMode, ...] = ()  # the tier-cycle diagnostic: these modes in turn, one per step
         # a cost rule values EAGLE3 rows by the curve the verifies show (eagle3_yield.py), checked every
-        # EAGLE3_REFRESH_STEPS steps and refreshed when a point moved
+        # EAGLE3_REFRESH_STEPS steps and refreshed when its scale moved (Eagle3Yield.stale)
         self.eagle3_yield = Eagle3Yield(step.eagle3_curve) if isinstance(step, CostRule) else None
         # modelled_ms times every step by the cost rule's profile as given (not by an online refit of it)
         self.time_profile = step.profile if isinstance(step, CostRule) else None
